@@ -1,0 +1,64 @@
+"""The adapter seam: one async-generator method from a normalized request to normalized deltas."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from adapters.deltas import Delta
+
+
+@dataclass(slots=True)
+class UpstreamRequest:
+    """Everything an adapter needs for one generation, provider-neutral.
+
+    ``items`` is the effective transcript in normalized form (gateway/context.py):
+      - ``{"type":"message","role":"user"|"system"|"developer"|"assistant","content":[part...]}``
+        (+ ``"phase"`` on assistant messages when the client sent one). Parts are always typed:
+        user: ``input_text{text}``, ``input_image{image_url, detail}``,
+        ``input_file{filename?, file_data?, file_url?}``; system/developer: ``input_text``;
+        assistant: ``output_text{text}``, ``refusal{refusal}``.
+      - ``{"type":"function_call","call_id","name","arguments"}``
+      - ``{"type":"function_call_output","call_id","output": str | [input_text|input_image|input_file]}``
+      - ``{"type":"reasoning","summary":[{"type":"summary_text","text"}],
+        "content"?: [{"type":"reasoning_text","text"}], "encrypted_content"?: str}``
+    Compaction items arrive already opened into a readable message; item references resolved.
+
+    ``tools`` are ``{"type":"function","name","description","parameters","strict"}``.
+    ``tool_choice`` is ``"auto"|"none"|"required"``, ``{"type":"function","name"}`` or
+    ``{"type":"allowed_tools","tools":[{"type":"function","name"}],"mode"}``.
+    The gateway enforces allowed_tools itself (it drops disallowed calls); adapters should still
+    steer the provider toward the allowed subset where the provider can express it.
+    """
+
+    model: str
+    items: list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: str | dict[str, Any] = "auto"
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    parallel_tool_calls: bool | None = None
+    text_format: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    max_tool_calls: int | None = None
+    top_logprobs: int | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    metadata: dict[str, str] | None = None
+    include: list[str] = field(default_factory=list)
+
+
+class Adapter(Protocol):
+    """A provider. ``stream`` is an async generator of deltas; it raises
+    ``gateway.errors.UpstreamError`` (or a subclass) for provider failures and must stop its
+    network work when the generator is closed (client gone, cancellation)."""
+
+    def stream(self, request: UpstreamRequest) -> AsyncIterator[Delta]: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,182 @@
+"""The one error tree, and its three renderings (HTTP body, SSE event, WebSocket envelope).
+
+    GatewayError                      500 server_error
+    ├── InvalidRequest                400 invalid_request_error
+    │   ├── ModelNotFound             400 model_not_found            (param "model")
+    │   ├── PreviousResponseNotFound  400 previous_response_not_found (param "previous_response_id")
+    │   ├── ContextLengthExceeded     400 context_length_exceeded
+    │   ├── InvalidEncryptedContent   400 invalid_encrypted_content
+    │   └── ConnectionLimitReached    400 websocket_connection_limit_reached
+    ├── AuthenticationFailed          401 invalid_api_key
+    ├── NotFound                      404 not_found
+    ├── PayloadTooLarge               413 payload_too_large
+    ├── RateLimited                   429 too_many_requests
+    ├── ServiceUnavailable            503 service_unavailable (e.g. the state store is down)
+    └── UpstreamError                 502 upstream_error (retryable or not)
+        ├── UpstreamTimeout           504 upstream_timeout
+        └── UpstreamConnectError      502 upstream_connect_error
+
+Upstream failures are translated into this tree inside the adapters; nothing upstream-raw
+(URLs, keys, bodies) is ever put into a message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class GatewayError(Exception):
+    status: int = 500
+    type: str = "server_error"
+    code: str | None = "server_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def error_object(self) -> dict[str, Any]:
+        return {"type": self.type, "code": self.code, "message": self.message, "param": self.param}
+
+    # -- renderings -------------------------------------------------------------------------
+    def http_body(self) -> dict[str, Any]:
+        return {"error": self.error_object()}
+
+    def stream_event(self, sequence_number: int) -> dict[str, Any]:
+        """The SSE ``error`` event. The top-level duplicates are what every real client reads (§16)."""
+        err = self.error_object()
+        return {
+            "type": "error",
+            "sequence_number": sequence_number,
+            "code": err["code"],
+            "message": err["message"],
+            "param": err["param"],
+            "error": err,
+        }
+
+    def ws_envelope(self) -> dict[str, Any]:
+        err = self.error_object()
+        if err["code"] is None:
+            err["code"] = self.type
+        return {"type": "error", "status": self.status, "error": err}
+
+    def response_error(self) -> dict[str, str]:
+        """The ``{code, message}`` put on a failed ResponseResource."""
+        return {"code": self.code or self.type, "message": self.message}
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request_error"
+
+
+class ModelNotFound(InvalidRequest):
+    code = "model_not_found"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The requested model '{model}' does not exist.", param="model")
+
+
+class PreviousResponseNotFound(InvalidRequest):
+    code = "previous_response_not_found"
+
+    def __init__(self, response_id: str) -> None:
+        super().__init__(
+            f"Previous response with id '{response_id}' not found.", param="previous_response_id"
+        )
+
+
+class ContextLengthExceeded(InvalidRequest):
+    code = "context_length_exceeded"
+
+
+class InvalidEncryptedContent(InvalidRequest):
+    code = "invalid_encrypted_content"
+
+
+class ConnectionLimitReached(InvalidRequest):
+    code = "websocket_connection_limit_reached"
+
+
+class AuthenticationFailed(GatewayError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotFound(GatewayError):
+    status = 404
+    type = "not_found"
+    code = "not_found"
+
+
+class PayloadTooLarge(InvalidRequest):
+    status = 413
+    code = "payload_too_large"
+
+
+class RateLimited(GatewayError):
+    status = 429
+    type = "too_many_requests"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.retry_after = retry_after
+
+
+class ServiceUnavailable(GatewayError):
+    status = 503
+    type = "server_error"
+    code = "service_unavailable"
+
+
+class UpstreamError(GatewayError):
+    """The provider failed. ``retryable`` marks failures worth a retry or a fallback model
+    (429, 5xx, timeouts, connection errors) when no output has reached the client yet."""
+
+    status = 502
+    type = "server_error"
+    code = "upstream_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool = False,
+        retry_after: float | None = None,
+        upstream_status: int | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(message, **kw)
+        self.retryable = retryable
+        self.retry_after = retry_after
+        self.upstream_status = upstream_status
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    code = "upstream_timeout"
+
+
+class UpstreamConnectError(UpstreamError):
+    code = "upstream_connect_error"
+
+
+class UpstreamRateLimited(UpstreamError):
+    """The provider said 429: shown to the client as 429 too_many_requests."""
+
+    status = 429
+    type = "too_many_requests"
+    code = "rate_limit_exceeded"
+
+
+class UpstreamRejected(UpstreamError):
+    """The provider refused the request as invalid (its 400/404/422): the client can fix it."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "upstream_invalid_request"

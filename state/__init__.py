@@ -1,0 +1,1 @@
+"""Conversation state: stored responses (memory or Redis) and the WebSocket connection cache."""

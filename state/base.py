@@ -1,0 +1,49 @@
+"""The ResponseStore seam: what the gateway persists for ``store: true`` responses.
+
+A stored response holds only its *own* input items and its output (inside ``resource``), plus
+a pointer to its predecessor, so a chain of N turns costs O(N) bytes and is reassembled by
+walking ``previous_response_id`` (``chain``), which implementations do in a bounded number of
+round trips. Every read is scoped by tenant: another tenant's id is simply "not found".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(slots=True)
+class StoredResponse:
+    id: str
+    tenant: str
+    model: str
+    previous_response_id: str | None
+    input_items: list[dict[str, Any]]  # this turn's own input, normalized, every item with an "id"
+    resource: dict[str, Any]  # the final ResponseResource (its "output" is the output items)
+    created_at: int  # unix seconds
+    stored_at: float  # unix seconds, float
+
+    @property
+    def output_items(self) -> list[dict[str, Any]]:
+        return self.resource.get("output", [])
+
+
+class ResponseStore(Protocol):
+    async def put(self, response: StoredResponse) -> None:
+        """Persist (with the store's TTL). Raises ServiceUnavailable when the backend is down."""
+
+    async def get(self, tenant: str, response_id: str) -> StoredResponse | None: ...
+
+    async def chain(self, tenant: str, response_id: str, max_depth: int) -> list[StoredResponse] | None:
+        """The response and all its ancestors, oldest first; None when it or any ancestor is
+        missing, expired or another tenant's. Raises InvalidRequest when deeper than max_depth."""
+
+    async def delete(self, tenant: str, response_id: str) -> bool: ...
+
+    async def get_items(self, tenant: str, item_ids: list[str]) -> dict[str, dict[str, Any]]:
+        """Stored input or output items by item id (for ``item_reference``); missing ids absent."""
+
+    async def ping(self) -> bool:
+        """True when the backend answers (readiness)."""
+
+    async def aclose(self) -> None: ...
