@@ -1,6 +1,7 @@
 """The one error tree, and its three renderings (HTTP body, SSE event, WebSocket envelope).
 
     GatewayError                      500 server_error
+    ├── ServerError                   500 server_error
     ├── InvalidRequest                400 invalid_request_error
     │   ├── ModelNotFound             400 model_not_found            (param "model")
     │   ├── PreviousResponseNotFound  400 previous_response_not_found (param "previous_response_id")
@@ -65,6 +66,10 @@ class GatewayError(Exception):
     def response_error(self) -> dict[str, str]:
         """The ``{code, message}`` put on a failed ResponseResource."""
         return {"code": self.code or self.type, "message": self.message}
+
+
+class ServerError(GatewayError):
+    """An unexpected failure inside the gateway (500 server_error)."""
 
 
 class InvalidRequest(GatewayError):

@@ -27,6 +27,13 @@ DEFAULT_BASE_URLS: dict[str, str] = {
 }
 
 
+_AUTO_PROVIDERS: tuple[tuple[str, ProviderKind, str], ...] = (
+    ("openai", "openai-responses", "OPENAI_API_KEY"),
+    ("anthropic", "anthropic", "ANTHROPIC_API_KEY"),
+    ("gemini", "gemini", "GEMINI_API_KEY"),
+)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -162,7 +169,16 @@ class Settings(BaseSettings):
     log: LogSettings = LogSettings()
     auto_providers: bool = True  # register openai/anthropic/gemini from OPENAI_API_KEY etc.
 
-    _config_path: str | None = None
+    def provider_table(self) -> dict[str, ProviderSettings]:
+        """Configured providers, plus the built-in ``mock`` and (with ``auto_providers``) the public
+        providers whose usual key variable is set (OPENAI_API_KEY, ANTHROPIC_API_KEY, GEMINI_API_KEY)."""
+        table: dict[str, ProviderSettings] = {"mock": ProviderSettings(kind="mock")}
+        if self.auto_providers and not self.providers:
+            for name, kind, env in _AUTO_PROVIDERS:
+                if os.environ.get(env):
+                    table[name] = ProviderSettings(kind=kind, api_key_env=env)
+        table.update(self.providers)
+        return table
 
     @classmethod
     def settings_customise_sources(
@@ -175,7 +191,6 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         path = os.environ.get("GATEWAY_CONFIG_FILE_OVERRIDE") or os.environ.get("GATEWAY_CONFIG")
         return (init_settings, env_settings, _YamlSource(settings_cls, path))
-
 
     @model_validator(mode="after")
     def _routes_name_providers(self) -> Settings:

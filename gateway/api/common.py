@@ -1,0 +1,67 @@
+"""What every HTTP route shares: body reading with a cap, error responses, the request log line."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import structlog
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from gateway.encode import json_bytes
+from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge
+from gateway.ids import new_id
+
+access_log = structlog.get_logger("gateway.access")
+
+
+def error_response(err: GatewayError, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        json_bytes(err.http_body()), status_code=err.status, media_type="application/json", headers=headers
+    )
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    return Response(json_bytes(obj), status_code=status, media_type="application/json")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"The request body exceeds the limit of {limit} bytes.")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"The request body exceeds the limit of {limit} bytes.")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise InvalidRequest("The client disconnected while sending the request.") from None
+    return b"".join(chunks)
+
+
+class RequestLog:
+    """Collects the fields of the one access-log line a request produces."""
+
+    __slots__ = ("fields", "start")
+
+    def __init__(self, request: Request, transport: str) -> None:
+        self.start = time.perf_counter()
+        self.fields: dict[str, Any] = {
+            "request_id": request.headers.get("x-request-id") or new_id("req"),
+            "transport": transport,
+        }
+
+    @property
+    def request_id(self) -> str:
+        return self.fields["request_id"]
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def emit(self, status: int | str, **extra: Any) -> None:
+        self.fields.update(extra)
+        access_log.info("request", status=status, latency_ms=round(self.elapsed() * 1000, 3), **self.fields)

@@ -1,0 +1,41 @@
+"""Operations routes: liveness, readiness, metrics, and the model list a key may use."""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+
+from gateway.api.common import error_response, json_response
+from gateway.errors import GatewayError
+from gateway.service import Gateway
+
+
+async def healthz(request: Request) -> Response:
+    return json_response({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    store_ok = await gw.store.ping()
+    body = {"status": "ok" if store_ok else "unavailable", "checks": {"state_store": store_ok}}
+    return json_response(body, 200 if store_ok else 503)
+
+
+async def metrics(request: Request) -> Response:
+    return PlainTextResponse(request.app.state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+async def list_models(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    try:
+        principal = gw.auth.authenticate(request.headers.get("authorization"))
+    except GatewayError as err:
+        return error_response(err)
+    created = int(time.time())
+    data = [
+        {"id": name, "object": "model", "created": created, "owned_by": gw.router.routes[name].provider}
+        for name in gw.router.model_names(principal.models)
+    ]
+    return json_response({"object": "list", "data": data})

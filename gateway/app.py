@@ -1,0 +1,79 @@
+"""create_app: the ASGI application. The lifespan owns the upstream client pools and the store."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import structlog
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.api import http, ops
+from gateway.api.common import error_response
+from gateway.errors import GatewayError, InvalidRequest, NotFound, ServerError
+from gateway.metrics import Metrics
+from gateway.routing import Router
+from gateway.service import Gateway
+from gateway.settings import Settings, load_settings
+from state.factory import create_store
+
+log = structlog.get_logger("gateway.app")
+
+
+def build_gateway(settings: Settings) -> Gateway:
+    return Gateway(settings, router=Router(settings), store=create_store(settings.state))
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or load_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        gateway = build_gateway(settings)
+        app.state.gateway = gateway
+        log.info(
+            "gateway_started",
+            models=gateway.router.model_names(),
+            store="redis" if settings.state.redis_url else "memory",
+        )
+        try:
+            yield
+        finally:
+            await gateway.aclose()
+
+    app = FastAPI(
+        title="Open Responses gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
+    app.state.settings = settings
+    app.state.metrics = Metrics()
+    for path in ("/v1/responses", "/v1/codex/responses"):
+        app.add_route(path, http.create_response, methods=["POST"])
+    app.add_route("/v1/models", ops.list_models, methods=["GET"])
+    app.add_route("/healthz", ops.healthz, methods=["GET"])
+    app.add_route("/readyz", ops.readyz, methods=["GET"])
+    app.add_route("/metrics", ops.metrics, methods=["GET"])
+
+    async def http_exception(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 404:
+            return error_response(NotFound(f"No route for {request.method} {request.url.path}."))
+        if exc.status_code == 405:
+            err: GatewayError = InvalidRequest(
+                f"Method {request.method} is not allowed here.", code="method_not_allowed"
+            )
+            err.status = 405
+            return error_response(err)
+        err = GatewayError(str(exc.detail))
+        err.status = exc.status_code
+        return error_response(err)
+
+    async def unhandled(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled_error", path=request.url.path)
+        return error_response(ServerError("The gateway hit an unexpected error."))
+
+    app.add_exception_handler(HTTPException, http_exception)
+    app.add_exception_handler(Exception, unhandled)
+    return app

@@ -1,0 +1,50 @@
+"""API keys → tenant. Keys are held only as SHA-256 digests and compared in constant time."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+
+from gateway.errors import AuthenticationFailed
+from gateway.settings import AuthSettings
+
+
+@dataclass(slots=True, frozen=True)
+class Principal:
+    tenant: str
+    models: list[str] | None = None  # None: every model
+
+
+ANONYMOUS = Principal(tenant="default")
+
+
+class Authenticator:
+    def __init__(self, settings: AuthSettings) -> None:
+        self.enabled = settings.api_keys is not None
+        self._by_digest: dict[bytes, Principal] = {}
+        for k in settings.api_keys or ():
+            digest = (
+                hashlib.sha256(k.key.get_secret_value().encode()).digest()
+                if k.key is not None
+                else bytes.fromhex(k.sha256 or "")
+            )
+            self._by_digest[digest] = Principal(tenant=k.tenant, models=k.models)
+
+    def authenticate(self, authorization: str | None) -> Principal:
+        """``authorization`` is the raw ``Authorization`` header value."""
+        if not self.enabled:
+            return ANONYMOUS
+        if not authorization:
+            raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'.")
+        scheme, _, key = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise AuthenticationFailed("Malformed Authorization header: expected 'Bearer <key>'.")
+        digest = hashlib.sha256(key.strip().encode()).digest()
+        found: Principal | None = None
+        for stored, principal in self._by_digest.items():  # every key compared, in constant time
+            if hmac.compare_digest(stored, digest):
+                found = principal
+        if found is None:
+            raise AuthenticationFailed("Invalid API key.")
+        return found

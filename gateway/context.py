@@ -1,0 +1,146 @@
+"""Assemble the effective transcript of a turn: the ``previous_response_id`` chain (connection
+cache first, then the store), resolved ``item_reference``s, opened compaction items, then the new
+input — and check that every ``function_call_output`` answers a call in that context."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gateway.errors import InvalidEncryptedContent, InvalidRequest, PreviousResponseNotFound
+from gateway.items import message, normalize, output_as_input
+from gateway.spec.request import CompactionItem, ItemReference
+from state.base import ResponseStore
+
+Item = dict[str, Any]
+CompactionOpener = Callable[[CompactionItem, str], list[Item]]
+
+
+class ConnectionCache(Protocol):
+    """What a WebSocket keeps per connection (state/connection.py)."""
+
+    def get_transcript(self, response_id: str) -> list[Item] | None: ...
+
+    def find_item(self, item_id: str) -> Item | None: ...
+
+
+@dataclass(slots=True)
+class Context:
+    history: list[Item]  # items inherited through previous_response_id
+    new_items: list[Item]  # this turn's own input, normalized (what gets stored for it)
+
+    @property
+    def transcript(self) -> list[Item]:
+        return self.history + self.new_items if self.history else self.new_items
+
+
+async def _history(
+    previous_id: str,
+    tenant: str,
+    store: ResponseStore,
+    cache: ConnectionCache | None,
+    max_depth: int,
+) -> list[Item]:
+    if cache is not None:
+        cached = cache.get_transcript(previous_id)
+        if cached is not None:
+            return cached
+    chain = await store.chain(tenant, previous_id, max_depth)
+    if not chain:
+        raise PreviousResponseNotFound(previous_id)
+    history: list[Item] = []
+    for stored in chain:
+        history.extend(stored.input_items)
+        history.extend(output_as_input(o) for o in stored.output_items)
+    return history
+
+
+async def build_context(
+    *,
+    input_: str | list[Any] | None,
+    previous_response_id: str | None,
+    tenant: str,
+    store: ResponseStore,
+    cache: ConnectionCache | None = None,
+    open_compaction: CompactionOpener | None = None,
+    max_depth: int = 1000,
+) -> Context:
+    history: list[Item] = []
+    if previous_response_id:
+        history = await _history(previous_response_id, tenant, store, cache, max_depth)
+
+    new_items: list[Item] = []
+    if isinstance(input_, str):
+        new_items.append(message("user", input_))
+    elif input_:
+        refs = [i.id for i in input_ if isinstance(i, ItemReference)]
+        resolved = await _resolve_refs(refs, tenant, store, cache, history) if refs else {}
+        for index, item in enumerate(input_):
+            if isinstance(item, ItemReference):
+                new_items.append(resolved[item.id])
+            elif isinstance(item, CompactionItem):
+                if open_compaction is None:
+                    raise InvalidEncryptedContent(
+                        "Compaction items are not accepted here.", param=f"input[{index}].encrypted_content"
+                    )
+                new_items.extend(open_compaction(item, tenant))
+            else:
+                new_items.append(normalize(item))
+    check_call_ids(history, new_items)
+    return Context(history=history, new_items=new_items)
+
+
+async def _resolve_refs(
+    ids: list[str], tenant: str, store: ResponseStore, cache: ConnectionCache | None, history: list[Item]
+) -> dict[str, Item]:
+    found: dict[str, Item] = {}
+    local = {i.get("id"): i for i in history}
+    missing = []
+    for item_id in ids:
+        hit = local.get(item_id) or (cache.find_item(item_id) if cache is not None else None)
+        if hit is not None:
+            found[item_id] = hit
+        else:
+            missing.append(item_id)
+    if missing:
+        stored = await store.get_items(tenant, missing)
+        for item_id in missing:
+            item = stored.get(item_id)
+            if item is None:
+                raise InvalidRequest(
+                    f"Item with id '{item_id}' not found.", param="input", code="item_not_found"
+                )
+            found[item_id] = output_as_input(item) if "status" in item else item
+    return found
+
+
+def check_call_ids(history: list[Item], new_items: list[Item]) -> None:
+    """Every function_call_output must answer an earlier function_call; call ids are unique."""
+    calls: set[str] = {i["call_id"] for i in history if i.get("type") == "function_call"}
+    for index, item in enumerate(new_items):
+        kind = item.get("type")
+        if kind == "function_call":
+            if item["call_id"] in calls and not _same_call(history, item):
+                raise InvalidRequest(
+                    f"Duplicate function call id '{item['call_id']}'.",
+                    param=f"input[{index}].call_id",
+                    code="duplicate_call_id",
+                )
+            calls.add(item["call_id"])
+        elif kind == "function_call_output" and item["call_id"] not in calls:
+            raise InvalidRequest(
+                f"No tool call found for function call output with call_id '{item['call_id']}'.",
+                param=f"input[{index}].call_id",
+                code="invalid_function_call_output",
+            )
+
+
+def _same_call(history: list[Item], item: Item) -> bool:
+    # A client replaying history may resend the very call it got back (same item id).
+    return any(
+        h.get("type") == "function_call"
+        and h.get("id") == item.get("id")
+        and h.get("call_id") == item["call_id"]
+        for h in history
+    )

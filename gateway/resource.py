@@ -1,0 +1,102 @@
+"""The ResponseResource a request starts with: every one of the 31 required fields, echoing the
+effective values (defaults of §15.6 where the client sent none)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gateway.spec.request import CreateResponseBody, ToolChoiceAllowed, ToolChoiceFunction
+
+
+def tools_echo(body: CreateResponseBody) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "function",
+            "name": t.name,
+            "description": t.description,
+            "parameters": t.parameters,
+            "strict": t.strict,
+        }
+        for t in body.tools or ()
+    ]
+
+
+def tool_choice_echo(body: CreateResponseBody) -> str | dict[str, Any]:
+    tc = body.tool_choice
+    if tc is None:
+        return "auto"
+    if isinstance(tc, str):
+        return tc
+    if isinstance(tc, ToolChoiceFunction):
+        return {"type": "function", "name": tc.name}
+    if isinstance(tc, ToolChoiceAllowed):
+        return {
+            "type": "allowed_tools",
+            "tools": [{"type": "function", "name": t.name} for t in tc.tools],
+            "mode": tc.mode,
+        }
+    return "auto"
+
+
+def text_echo(body: CreateResponseBody) -> dict[str, Any]:
+    fmt: dict[str, Any] = {"type": "text"}
+    verbosity = None
+    if body.text is not None:
+        verbosity = body.text.verbosity
+        f = body.text.format
+        if f is not None:
+            if f.type == "json_schema":
+                fmt = {
+                    "type": "json_schema",
+                    "name": f.name,
+                    "description": f.description,  # type: ignore[union-attr]
+                    "schema": f.schema_,
+                    "strict": bool(f.strict),
+                }  # type: ignore[union-attr]
+            else:
+                fmt = {"type": f.type}
+    out: dict[str, Any] = {"format": fmt}
+    if verbosity is not None:
+        out["verbosity"] = verbosity
+    return out
+
+
+def new_resource(body: CreateResponseBody, *, response_id: str, model: str, store: bool) -> dict[str, Any]:
+    reasoning = body.reasoning
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": int(time.time()),
+        "completed_at": None,
+        "status": "in_progress",
+        "incomplete_details": None,
+        "model": model,
+        "previous_response_id": body.previous_response_id,
+        "instructions": body.instructions,
+        "output": [],
+        "error": None,
+        "tools": tools_echo(body),
+        "tool_choice": tool_choice_echo(body),
+        "truncation": body.truncation or "disabled",
+        "parallel_tool_calls": True if body.parallel_tool_calls is None else body.parallel_tool_calls,
+        "text": text_echo(body),
+        "top_p": 1.0 if body.top_p is None else body.top_p,
+        "temperature": 1.0 if body.temperature is None else body.temperature,
+        "presence_penalty": 0.0 if body.presence_penalty is None else body.presence_penalty,
+        "frequency_penalty": 0.0 if body.frequency_penalty is None else body.frequency_penalty,
+        "top_logprobs": body.top_logprobs or 0,
+        "reasoning": {
+            "effort": reasoning.effort if reasoning else None,
+            "summary": reasoning.summary if reasoning else None,
+        },
+        "usage": None,
+        "max_output_tokens": body.max_output_tokens,
+        "max_tool_calls": body.max_tool_calls,
+        "store": store,
+        "background": False,
+        "service_tier": body.service_tier or "default",
+        "metadata": body.metadata or {},
+        "safety_identifier": body.safety_identifier,
+        "prompt_cache_key": body.prompt_cache_key,
+    }

@@ -1,0 +1,64 @@
+"""Parse request bytes into wire models, turning pydantic errors into one 400 with a ``param`` path."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from gateway.errors import InvalidRequest
+from gateway.spec.request import ITEM_TAGS, PART_TAGS
+
+M = TypeVar("M", bound=BaseModel)
+_TYPE_WORDS = frozenset({"str", "int", "float", "bool", "none", "dict", "list", "is-instance"})
+
+
+def _param(loc: tuple[Any, ...]) -> str:
+    """``('input', 'list[...]', 0, 'message', 'content')`` → ``input[0].content``."""
+    out: list[str] = []
+    prev_int = False
+    for part in loc:
+        if isinstance(part, int):
+            out.append(f"[{part}]")
+            prev_int = True
+            continue
+        name = str(part)
+        if "[" in name or "-" in name or name in _TYPE_WORDS or name[:1].isupper():
+            continue  # a union member's description, not a field
+        if prev_int and (name in ITEM_TAGS or name in PART_TAGS):
+            prev_int = False  # the discriminator tag of a list element
+            continue
+        out.append(("." if out else "") + name)
+        prev_int = False
+    return "".join(out)
+
+
+def _best_error(exc: ValidationError) -> tuple[str, str]:
+    errors = exc.errors(include_url=False, include_context=False)
+    best = max(errors, key=lambda e: len(e["loc"]))
+    param = _param(tuple(best["loc"]))
+    msg = best["msg"]
+    if best["type"] == "missing":
+        msg = f"Missing required parameter: '{param}'."
+    else:
+        msg = f"Invalid value for '{param}': {msg}." if param else f"Invalid request: {msg}."
+    return param, msg
+
+
+def parse_json(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise InvalidRequest("The request body is not valid JSON.", code="invalid_json") from None
+
+
+def parse_model(model: type[M], data: Any) -> M:
+    if not isinstance(data, dict):
+        raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        param, msg = _best_error(exc)
+        code = "missing_required_parameter" if "Missing required" in msg else "invalid_value"
+        raise InvalidRequest(msg, param=param or None, code=code) from None
