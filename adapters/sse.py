@@ -1,0 +1,180 @@
+"""Incremental Server-Sent Events decoder: bytes in, whole events out.
+
+Chunk boundaries may fall anywhere (mid-line, mid-``\\r\\n``, mid-UTF-8 character); lines end
+with CRLF, LF or CR, as the WHATWG event-stream grammar allows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+__all__ = ["SSEDecodeError", "SSEDecoder", "SSEEvent"]
+
+_CR = 13  # b"\r"[0]
+_LF = 10
+_COLON = 58
+_BOM = b"\xef\xbb\xbf"
+
+
+class SSEDecodeError(ValueError):
+    """The stream broke a decoder limit (an unbounded line or event)."""
+
+
+@dataclass(slots=True, frozen=True)
+class SSEEvent:
+    """One dispatched event. ``event`` is None when the stream gave no ``event:`` field."""
+
+    data: str
+    event: str | None = None
+    id: str | None = None
+    retry: int | None = None
+
+    def json(self) -> Any:
+        """The data parsed as JSON (raises ``orjson.JSONDecodeError``, a ``ValueError``)."""
+        return orjson.loads(self.data)
+
+
+class SSEDecoder:
+    """Feed raw bytes with :meth:`feed`, get complete events; call :meth:`flush` at end of stream.
+
+    An event is dispatched on a blank line when it has data or an ``event:``/``id:``/``retry:``
+    field (like openai-python). ``max_event_bytes`` bounds one line and one event's data so a
+    misbehaving upstream cannot grow the buffer without limit.
+    """
+
+    __slots__ = (
+        "_buf",
+        "_buf_size",
+        "_data",
+        "_data_size",
+        "_event",
+        "_id",
+        "_last_id",
+        "_max",
+        "_retry",
+        "_skip_lf",
+        "_started",
+    )
+
+    def __init__(self, *, max_event_bytes: int = 16 * 1024 * 1024) -> None:
+        self._max = max_event_bytes
+        self._buf: list[bytes] = []  # pieces of an unterminated line
+        self._buf_size = 0
+        self._skip_lf = False  # the previous chunk ended with "\r": a leading "\n" belongs to it
+        self._started = False  # the BOM check has run
+        self._data: list[bytes] = []
+        self._data_size = 0
+        self._event: str | None = None
+        self._id: str | None = None  # set by this event's "id:" field
+        self._last_id: str | None = None  # the last-event-id buffer; persists across events
+        self._retry: int | None = None
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """Decode ``chunk``; return the events it completes (often none or one)."""
+        if not chunk:
+            return []
+        if self._skip_lf:
+            self._skip_lf = False
+            if chunk[0] == _LF:
+                chunk = chunk[1:]
+                if not chunk:
+                    return []
+        if self._buf:
+            if b"\n" not in chunk and b"\r" not in chunk:
+                self._buf.append(chunk)  # still one unterminated line: no re-scan, no copy
+                self._buf_size += len(chunk)
+                if self._buf_size > self._max:
+                    raise SSEDecodeError("server-sent event line exceeds the size limit")
+                return []
+            self._buf.append(chunk)
+            data = b"".join(self._buf)
+            self._buf = []
+            self._buf_size = 0
+        else:
+            data = chunk
+        if not self._started:
+            if len(data) < 3 and _BOM.startswith(data):
+                self._buf = [data]  # maybe a BOM split across chunks
+                self._buf_size = len(data)
+                return []
+            self._started = True
+            if data.startswith(_BOM):
+                data = data[3:]
+                if not data:
+                    return []
+        last = data[-1]
+        lines = data.splitlines()  # bytes.splitlines splits on \r\n, \n and \r only
+        if last == _CR:
+            self._skip_lf = True
+        elif last != _LF:
+            tail = lines.pop()
+            if len(tail) > self._max:
+                raise SSEDecodeError("server-sent event line exceeds the size limit")
+            self._buf = [tail]
+            self._buf_size = len(tail)
+        events: list[SSEEvent] = []
+        for line in lines:
+            if line:
+                self._field(line)
+            else:
+                ev = self._dispatch()
+                if ev is not None:
+                    events.append(ev)
+        return events
+
+    def flush(self) -> list[SSEEvent]:
+        """End of stream: treat an unterminated last line and event as complete (lenient)."""
+        events: list[SSEEvent] = []
+        if self._buf:
+            line = b"".join(self._buf)
+            self._buf = []
+            self._buf_size = 0
+            if not self._started:
+                self._started = True
+                if line.startswith(_BOM):
+                    line = line[3:]
+            if line:
+                self._field(line)
+        self._skip_lf = False
+        ev = self._dispatch()
+        if ev is not None:
+            events.append(ev)
+        return events
+
+    # -- internals --------------------------------------------------------------------------
+    def _field(self, line: bytes) -> None:
+        if line[0] == _COLON:
+            return  # a comment (keep-alive, "OPENROUTER PROCESSING"...)
+        name, _, value = line.partition(b":")
+        if value[:1] == b" ":
+            value = value[1:]
+        if name == b"data":
+            self._data_size += len(value) + 1
+            if self._data_size > self._max:
+                raise SSEDecodeError("server-sent event data exceeds the size limit")
+            self._data.append(value)
+        elif name == b"event":
+            self._event = value.decode("utf-8", "replace")
+        elif name == b"id":
+            if b"\0" not in value:
+                self._id = self._last_id = value.decode("utf-8", "replace")
+        elif name == b"retry":
+            if value.isdigit():
+                self._retry = int(value)
+        # other field names are ignored, per the spec
+
+    def _dispatch(self) -> SSEEvent | None:
+        data = self._data
+        if not data and self._event is None and self._id is None and self._retry is None:
+            return None
+        text = (data[0] if len(data) == 1 else b"\n".join(data)).decode("utf-8", "replace")
+        ev = SSEEvent(text, self._event, self._last_id, self._retry)
+        self._data = []
+        self._data_size = 0
+        self._event = None
+        self._id = None
+        self._retry = None
+        return ev
