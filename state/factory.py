@@ -1,0 +1,23 @@
+"""Build the configured ResponseStore: Redis when ``state.redis_url`` is set, else in-process."""
+
+from __future__ import annotations
+
+from gateway.settings import StateSettings
+from state.base import ResponseStore
+from state.memory import MemoryStore
+from state.redis import RedisStore
+
+
+def create_store(settings: StateSettings) -> ResponseStore:
+    if settings.redis_url is not None:
+        return RedisStore(
+            settings.redis_url.get_secret_value(),
+            key_prefix=settings.key_prefix,
+            ttl_seconds=settings.ttl_seconds,
+            timeout_seconds=settings.timeout_seconds,
+        )
+    return MemoryStore(
+        max_entries=settings.memory_max_entries,
+        max_bytes=settings.memory_max_bytes,
+        ttl_seconds=settings.ttl_seconds,
+    )

@@ -1,0 +1,199 @@
+"""Redis ResponseStore: one hash per response (its own blob + ``prev`` pointer), chains walked
+server-side by a Lua script in one round trip, an item-id index, TTL on every key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from hashlib import sha1
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import orjson
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError, RedisError
+
+from gateway.errors import ServiceUnavailable
+from state import codec
+from state.base import StoredResponse
+from state.memory import chain_too_deep
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# KEYS[1] the response's key; ARGV[1] the tenant's response-key prefix; ARGV[2] max depth.
+# Returns {1, blob_newest, ..., blob_oldest}, {0} when a link is missing, {-1} when too deep.
+_CHAIN = """
+local key = KEYS[1]
+local max = tonumber(ARGV[2])
+local out = {1}
+while true do
+  local v = redis.call('HMGET', key, 'prev', 'blob')
+  if not v[2] then return {0} end
+  if #out > max then return {-1} end
+  out[#out + 1] = v[2]
+  if not v[1] or v[1] == '' then return out end
+  key = ARGV[1] .. v[1]
+end
+"""
+
+# KEYS the item-index keys; ARGV[1] the tenant's response-key prefix.
+# Returns the blobs of the distinct responses the items point at.
+_ITEMS = """
+local seen, out = {}, {}
+for _, k in ipairs(KEYS) do
+  local rid = redis.call('GET', k)
+  if rid and not seen[rid] then
+    seen[rid] = true
+    local blob = redis.call('HGET', ARGV[1] .. rid, 'blob')
+    if blob then out[#out + 1] = blob end
+  end
+end
+return out
+"""
+
+# KEYS[1] the response's key; ARGV[1] the tenant's item-key prefix; ARGV[2] the response id.
+# Drops the index entries that still point at this response, then the response. 1 if it existed.
+_DELETE = """
+local items = redis.call('HGET', KEYS[1], 'items')
+if not items then return 0 end
+for _, id in ipairs(cjson.decode(items)) do
+  local k = ARGV[1] .. id
+  if redis.call('GET', k) == ARGV[2] then redis.call('DEL', k) end
+end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class _Script:
+    source: str
+
+    @property
+    def sha(self) -> str:
+        return sha1(self.source.encode()).hexdigest()
+
+
+CHAIN, ITEMS, DELETE = _Script(_CHAIN), _Script(_ITEMS), _Script(_DELETE)
+
+
+class RedisStore:
+    """Every key is ``{prefix}:{<tenant>}:r:<response id>`` or ``...:i:<item id>``; the tenant
+    (percent-escaped) is the hash tag, so a tenant's keys share a Redis Cluster slot and the
+    scripts may touch keys they derive."""
+
+    def __init__(
+        self, url: str, *, key_prefix: str = "orgw", ttl_seconds: int, timeout_seconds: float
+    ) -> None:
+        self.key_prefix = key_prefix
+        self.ttl_ms = int(ttl_seconds * 1000)
+        self.timeout = timeout_seconds
+        # one immediate retry on a fresh connection covers pooled sockets a Redis restart broke
+        self._client: Redis = Redis.from_url(
+            url,
+            socket_timeout=timeout_seconds,
+            socket_connect_timeout=timeout_seconds,
+            retry=Retry(NoBackoff(), 1),
+        )
+
+    # -- keys --------------------------------------------------------------------------------
+    def _base(self, tenant: str) -> str:
+        return f"{self.key_prefix}:{{{quote(tenant, safe='')}}}:"
+
+    def response_key(self, tenant: str, response_id: str) -> str:
+        return f"{self._base(tenant)}r:{response_id}"
+
+    def item_key(self, tenant: str, item_id: str) -> str:
+        return f"{self._base(tenant)}i:{item_id}"
+
+    # -- plumbing ----------------------------------------------------------------------------
+    async def _call(self, awaitable: Awaitable[T]) -> T:
+        """Bound the whole operation by ``timeout_seconds``; a down Redis is a 503, never a hang
+        and never a message naming the server."""
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await awaitable
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.warning("state store error: %s", type(exc).__name__)
+            raise ServiceUnavailable("state store unavailable") from None
+
+    async def _script(self, script: _Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            return await self._client.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            # a restarted or flushed Redis forgot it; EVAL runs it and caches it again
+            return await self._client.eval(script.source, len(keys), *keys, *args)
+
+    # -- ResponseStore -----------------------------------------------------------------------
+    async def put(self, response: StoredResponse) -> None:
+        key = self.response_key(response.tenant, response.id)
+        ids = codec.item_ids(response)
+        pipe = self._client.pipeline(transaction=True)
+        pipe.delete(key)
+        pipe.hset(
+            key,
+            mapping={
+                "prev": response.previous_response_id or "",
+                "blob": codec.encode(response),
+                "items": orjson.dumps(ids),
+            },
+        )
+        pipe.pexpire(key, self.ttl_ms)
+        for item_id in ids:
+            pipe.set(self.item_key(response.tenant, item_id), response.id, px=self.ttl_ms)
+        await self._call(pipe.execute())
+
+    async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
+        blob = await self._call(self._client.hget(self.response_key(tenant, response_id), "blob"))
+        return codec.decode(blob) if not isinstance(blob, str) else None  # bytes: no decode_responses
+
+    async def chain(self, tenant: str, response_id: str, max_depth: int) -> list[StoredResponse] | None:
+        prefix = f"{self._base(tenant)}r:"
+        reply = await self._call(
+            self._script(CHAIN, [self.response_key(tenant, response_id)], [prefix, max_depth])
+        )
+        if reply[0] == -1:
+            raise chain_too_deep(max_depth)
+        if reply[0] != 1:
+            return None
+        out: list[StoredResponse] = []
+        for blob in reversed(reply[1:]):
+            decoded = codec.decode(blob)
+            if decoded is None:
+                return None
+            out.append(decoded)
+        return out
+
+    async def delete(self, tenant: str, response_id: str) -> bool:
+        key = self.response_key(tenant, response_id)
+        args = [f"{self._base(tenant)}i:", response_id]
+        return bool(await self._call(self._script(DELETE, [key], args)))
+
+    async def get_items(self, tenant: str, item_ids: list[str]) -> dict[str, dict[str, Any]]:
+        wanted = set(item_ids)
+        if not wanted:
+            return {}
+        keys = [self.item_key(tenant, i) for i in sorted(wanted)]
+        blobs = await self._call(self._script(ITEMS, keys, [f"{self._base(tenant)}r:"]))
+        found: dict[str, dict[str, Any]] = {}
+        for blob in blobs:
+            decoded = codec.decode(blob)
+            if decoded is not None:
+                for item_id, item in codec.find_items(decoded, wanted).items():
+                    found.setdefault(item_id, item)
+        return found
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._call(self._client.ping()))
+        except ServiceUnavailable:
+            return False
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
