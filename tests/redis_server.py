@@ -1,0 +1,118 @@
+"""A reachable Redis for tests: ``REDIS_URL``, else 127.0.0.1:6379, else a private
+``redis-server`` on a free port (no persistence, temp dir) that is stopped at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from functools import cache
+
+import redis
+
+LOCAL_URL = "redis://127.0.0.1:6379/0"
+
+
+def reachable(url: str, timeout: float = 0.5) -> bool:
+    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    try:
+        return bool(client.ping())
+    except (redis.RedisError, OSError):
+        return False
+    finally:
+        client.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServer:
+    """A private ``redis-server`` process; ``stop()`` then ``start()`` reuses the same port."""
+
+    def __init__(self, port: int | None = None, password: str | None = None) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError(
+                "tests need Redis: set REDIS_URL, run one on 127.0.0.1:6379, or put redis-server on PATH"
+            )
+        self.binary = binary
+        self.port = port or free_port()
+        self.password = password
+        self.dir = tempfile.mkdtemp(prefix="redis-test-")
+        self.proc: subprocess.Popen[bytes] | None = None
+        atexit.register(self.stop)
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def start(self, wait: float = 10.0) -> RedisServer:
+        args = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self.dir,
+        ]
+        if self.password:
+            args += ["--requirepass", self.password]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + wait
+        while not reachable(self.url, timeout=0.2):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"redis-server did not start on port {self.port}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+
+@cache
+def redis_url() -> str:
+    """A reachable Redis URL, the same one for the whole test run."""
+    env = os.environ.get("REDIS_URL")
+    if env and reachable(env):
+        return env
+    if reachable(LOCAL_URL):
+        return LOCAL_URL
+    return RedisServer().start().url
+
+
+def unique_prefix() -> str:
+    """A key prefix no other test run (or real data) uses."""
+    return f"test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def delete_prefix(url: str, prefix: str) -> None:
+    client = redis.Redis.from_url(url)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        for i in range(0, len(keys), 500):
+            client.delete(*keys[i : i + 500])
+    finally:
+        client.close()

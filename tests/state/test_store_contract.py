@@ -1,0 +1,410 @@
+"""One contract for every ResponseStore (memory and real Redis), then what only one of them
+promises: the memory store's bounds, Redis's key layout, round trips, failure and recovery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from pydantic import SecretStr
+from redis.asyncio.connection import AbstractConnection
+
+from gateway.errors import InvalidRequest, ServiceUnavailable
+from gateway.settings import StateSettings
+from state import codec
+from state.base import ResponseStore
+from state.factory import create_store
+from state.memory import MemoryStore
+from state.redis import CHAIN, RedisStore
+from tests.redis_server import RedisServer, free_port
+from tests.state.conftest import StoreFactory, make_response, put_chain
+
+# -- the contract ---------------------------------------------------------------------------
+
+
+async def test_put_get_round_trip(store: ResponseStore) -> None:
+    r = make_response()
+    await store.put(r)
+    got = await store.get(r.tenant, r.id)
+    assert got == r
+    assert got is not r
+
+
+async def test_stored_data_is_isolated_from_callers(store: ResponseStore) -> None:
+    r = make_response(text="original")
+    await store.put(r)
+    r.input_items[0]["content"][0]["text"] = "mutated after put"
+    got = await store.get(r.tenant, r.id)
+    assert got is not None
+    assert got.input_items[0]["content"][0]["text"] == "in: original"
+    got.resource["output"].clear()
+    again = await store.get(r.tenant, r.id)
+    assert again is not None and len(again.output_items) == 1
+
+
+async def test_unknown_id_is_none(store: ResponseStore) -> None:
+    assert await store.get("tenant-a", "resp_does_not_exist") is None
+    assert await store.chain("tenant-a", "resp_does_not_exist", 10) is None
+    assert await store.delete("tenant-a", "resp_does_not_exist") is False
+
+
+async def test_put_overwrites_same_id(store: ResponseStore) -> None:
+    r = make_response(text="v1")
+    await store.put(r)
+    r2 = make_response(text="v2", response_id=r.id)
+    await store.put(r2)
+    assert await store.get(r.tenant, r.id) == r2
+
+
+@pytest.mark.parametrize("other", ["tenant-b", "tenant-a ", "TENANT-A", "tenant-a}:r:"])
+async def test_tenant_isolation(store: ResponseStore, other: str) -> None:
+    chain = await put_chain(store, 2, tenant="tenant-a")
+    newest = chain[-1]
+    items = [newest.input_items[0]["id"], newest.output_items[0]["id"]]
+    assert await store.get(other, newest.id) is None
+    assert await store.chain(other, newest.id, 10) is None
+    assert await store.get_items(other, items) == {}
+    assert await store.delete(other, newest.id) is False
+    # the owner still sees everything, the foreign delete touched nothing
+    assert await store.get("tenant-a", newest.id) == newest
+    assert len(await store.get_items("tenant-a", items)) == 2
+
+
+async def test_unusual_tenant_names_work(store: ResponseStore) -> None:
+    for tenant in ["a:b", "{x}", "100%", "ümlaut tenant", "*?[]"]:
+        r = make_response(tenant)
+        await store.put(r)
+        assert await store.get(tenant, r.id) == r
+        assert await store.chain(tenant, r.id, 5) == [r]
+
+
+async def test_chain_is_oldest_first(store: ResponseStore) -> None:
+    turns = await put_chain(store, 5)
+    got = await store.chain("tenant-a", turns[-1].id, 100)
+    assert got == turns
+    assert await store.chain("tenant-a", turns[0].id, 100) == turns[:1]
+    assert await store.chain("tenant-a", turns[2].id, 100) == turns[:3]
+
+
+async def test_chain_with_missing_ancestor_is_none(store: ResponseStore) -> None:
+    orphan = make_response(prev="resp_never_stored")
+    await store.put(orphan)
+    assert await store.get(orphan.tenant, orphan.id) == orphan
+    assert await store.chain(orphan.tenant, orphan.id, 10) is None
+
+    turns = await put_chain(store, 4)
+    assert await store.delete("tenant-a", turns[1].id) is True
+    assert await store.chain("tenant-a", turns[-1].id, 10) is None
+    assert await store.chain("tenant-a", turns[0].id, 10) == turns[:1]
+
+
+async def test_chain_deeper_than_max_depth_is_invalid(store: ResponseStore) -> None:
+    turns = await put_chain(store, 6)
+    assert await store.chain("tenant-a", turns[-1].id, 6) == turns
+    with pytest.raises(InvalidRequest) as info:
+        await store.chain("tenant-a", turns[-1].id, 5)
+    assert info.value.status == 400
+    with pytest.raises(InvalidRequest):
+        await store.chain("tenant-a", turns[-1].id, 1)
+    assert await store.chain("tenant-a", turns[0].id, 1) == turns[:1]
+
+
+async def test_ttl_expiry(make_store: StoreFactory) -> None:
+    store = await make_store(ttl_seconds=1)
+    turns = await put_chain(store, 2)
+    items = [turns[0].input_items[0]["id"], turns[1].output_items[0]["id"]]
+    assert await store.get("tenant-a", turns[1].id) == turns[1]
+    assert len(await store.get_items("tenant-a", items)) == 2
+    await asyncio.sleep(1.3)
+    assert await store.get("tenant-a", turns[1].id) is None
+    assert await store.chain("tenant-a", turns[1].id, 10) is None
+    assert await store.get_items("tenant-a", items) == {}
+    assert await store.delete("tenant-a", turns[0].id) is False
+
+
+async def test_delete(store: ResponseStore) -> None:
+    turns = await put_chain(store, 2)
+    victim = turns[0]
+    items = [victim.input_items[0]["id"], victim.output_items[0]["id"]]
+    assert len(await store.get_items("tenant-a", items)) == 2
+    assert await store.delete("tenant-a", victim.id) is True
+    assert await store.get("tenant-a", victim.id) is None
+    assert await store.delete("tenant-a", victim.id) is False
+    assert await store.get_items("tenant-a", items) == {}
+    assert await store.get("tenant-a", turns[1].id) == turns[1]
+
+
+async def test_get_items_from_input_and_output(store: ResponseStore) -> None:
+    a, b = await put_chain(store, 2)
+    in_a, out_a = a.input_items[0], a.output_items[0]
+    out_b = b.output_items[0]
+    got = await store.get_items("tenant-a", [in_a["id"], out_a["id"], out_b["id"], "msg_missing"])
+    assert got == {in_a["id"]: in_a, out_a["id"]: out_a, out_b["id"]: out_b}
+    assert await store.get_items("tenant-a", []) == {}
+    assert await store.get_items("tenant-a", ["msg_missing"]) == {}
+
+
+async def test_get_items_survives_deleting_an_older_user_of_the_item_id(store: ResponseStore) -> None:
+    first = make_response()
+    second = make_response()
+    shared = first.input_items[0]
+    second.input_items.append(shared)  # a client re-sent the item with its id
+    await store.put(first)
+    await store.put(second)
+    assert await store.delete("tenant-a", first.id) is True
+    assert await store.get_items("tenant-a", [shared["id"]]) == {shared["id"]: shared}
+
+
+# -- codec ----------------------------------------------------------------------------------
+
+
+def test_codec_round_trip_and_unknown_version_is_missing() -> None:
+    r = make_response()
+    blob = codec.encode(r)
+    assert blob[0] == codec.VERSION
+    assert codec.decode(blob) == r
+    assert codec.decode(bytes([codec.VERSION + 1]) + blob[1:]) is None
+    assert codec.decode(blob[:-3]) is None
+    assert codec.decode(b"") is None
+    assert codec.decode(None) is None
+
+
+# -- memory bounds --------------------------------------------------------------------------
+
+
+def _same_size(n: int) -> list[Any]:
+    return [make_response(text="payload") for _ in range(n)]
+
+
+async def test_memory_evicts_lru_by_entries() -> None:
+    store = MemoryStore(max_entries=3, max_bytes=10**9, ttl_seconds=60)
+    r1, r2, r3, r4 = _same_size(4)
+    for r in (r1, r2, r3):
+        await store.put(r)
+    assert await store.get("tenant-a", r1.id) == r1  # r1 is now the most recently used
+    await store.put(r4)
+    assert len(store) == 3
+    assert await store.get("tenant-a", r2.id) is None
+    for r in (r1, r3, r4):
+        assert await store.get("tenant-a", r.id) == r
+    # the evicted response's items left the index too
+    assert await store.get_items("tenant-a", [r2.input_items[0]["id"]]) == {}
+    assert all(rid != r2.id for rid in store._items.values())
+
+
+async def test_memory_evicts_lru_by_bytes() -> None:
+    rs = _same_size(5)
+    size = len(codec.encode(rs[0]))
+    assert all(len(codec.encode(r)) == size for r in rs)
+    store = MemoryStore(max_entries=1000, max_bytes=3 * size + size // 2, ttl_seconds=60)
+    for r in rs[:3]:
+        await store.put(r)
+    assert store.total_bytes == 3 * size
+    await store.chain("tenant-a", rs[0].id, 5)  # a read counts as a use
+    await store.put(rs[3])
+    assert store.total_bytes == 3 * size <= store.max_bytes
+    assert await store.get("tenant-a", rs[1].id) is None
+    assert await store.get("tenant-a", rs[0].id) == rs[0]
+    await store.delete("tenant-a", rs[0].id)
+    assert store.total_bytes == 2 * size
+
+
+async def test_memory_drops_a_response_larger_than_the_whole_budget() -> None:
+    small = make_response()
+    store = MemoryStore(max_entries=10, max_bytes=len(codec.encode(small)) + 100, ttl_seconds=60)
+    await store.put(small)
+    big = make_response(text="x" * 10_000)
+    await store.put(big)
+    assert await store.get("tenant-a", big.id) is None
+    assert await store.get("tenant-a", small.id) == small
+
+
+async def test_memory_ttl_uses_the_injected_monotonic_clock() -> None:
+    now = [1000.0]
+    store = MemoryStore(ttl_seconds=10, clock=lambda: now[0])
+    r = make_response()
+    await store.put(r)
+    now[0] += 9.9
+    assert await store.get("tenant-a", r.id) == r
+    now[0] += 0.2
+    assert await store.get("tenant-a", r.id) is None
+    assert len(store) == 0 and store.total_bytes == 0 and not store._items
+
+
+def test_factory_picks_the_backend(redis_url: str) -> None:
+    assert isinstance(create_store(StateSettings()), MemoryStore)
+    store = create_store(StateSettings(redis_url=SecretStr(redis_url), timeout_seconds=0.5))
+    assert isinstance(store, RedisStore)
+    assert store.timeout == 0.5
+
+
+# -- Redis specifics ------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def rstore(redis_url: str, key_prefix: str) -> AsyncIterator[RedisStore]:
+    store = RedisStore(redis_url, key_prefix=key_prefix, ttl_seconds=60, timeout_seconds=2.0)
+    yield store
+    await store.aclose()
+
+
+@pytest.fixture
+async def raw(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+async def test_redis_every_key_has_the_tenant_and_a_ttl(rstore: RedisStore, raw: aioredis.Redis) -> None:
+    turns = await put_chain(rstore, 2, tenant="acme corp")
+    keys = [k.decode() async for k in raw.scan_iter(match=f"{rstore.key_prefix}:{{acme%20corp}}:*")]
+    assert len(keys) == 2 * 3  # two responses, each with one input and one output item
+    assert rstore.response_key("acme corp", turns[0].id) in keys
+    for key in keys:
+        assert 0 < await raw.pttl(key) <= 60_000
+
+
+async def test_redis_chain_bytes_grow_linearly(rstore: RedisStore, raw: aioredis.Redis) -> None:
+    async def footprint(n: int) -> tuple[int, list[int]]:
+        turns = await put_chain(rstore, n, text="t" * 200)
+        keys = [rstore.response_key("tenant-a", t.id) for t in turns]
+        usage = [await raw.memory_usage(k, samples=0) or 0 for k in keys]
+        blobs = [await raw.hstrlen(k, "blob") for k in keys]
+        assert sum(blobs) == sum(len(codec.encode(t)) for t in turns)
+        return sum(usage), blobs
+
+    total_10, _ = await footprint(10)
+    total_40, blobs_40 = await footprint(40)
+    assert 3.5 <= total_40 / total_10 <= 4.5
+    assert max(blobs_40) <= 1.1 * min(blobs_40)  # the 40th turn holds no more than the 1st
+
+
+@pytest.fixture
+def round_trips(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Every packed command batch sent to any Redis (one per request/pipeline round trip)."""
+    sent: list[bytes] = []
+    original = AbstractConnection.send_packed_command
+
+    async def counting(self: AbstractConnection, command: Any, check_health: bool = True) -> None:
+        sent.append(b"".join(command) if isinstance(command, list) else bytes(command))
+        await original(self, command, check_health)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counting)
+    return sent
+
+
+async def test_redis_chain_is_one_round_trip(rstore: RedisStore, round_trips: list[bytes]) -> None:
+    turns = await put_chain(rstore, 25)
+    await rstore.chain("tenant-a", turns[0].id, 100)  # make sure the script is cached server-side
+    round_trips.clear()
+    got = await rstore.chain("tenant-a", turns[-1].id, 100)
+    assert got == turns
+    assert len(round_trips) == 1 and b"EVALSHA" in round_trips[0]
+    round_trips.clear()
+    await rstore.put(make_response(prev=turns[-1].id))
+    await rstore.get_items("tenant-a", [t.output_items[0]["id"] for t in turns])
+    assert len(round_trips) == 2  # a put is one MULTI pipeline; get_items is one script
+
+
+async def test_redis_undecodable_blob_is_missing(rstore: RedisStore, raw: aioredis.Redis) -> None:
+    turns = await put_chain(rstore, 2)
+    key = rstore.response_key("tenant-a", turns[0].id)
+    await raw.hset(key, "blob", b"\x63" + codec.encode(turns[0])[1:])  # a future version
+    assert await rstore.get("tenant-a", turns[0].id) is None
+    assert await rstore.chain("tenant-a", turns[1].id, 10) is None
+    assert await rstore.get("tenant-a", turns[1].id) == turns[1]
+
+
+def _listening_socket_that_never_answers() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)  # the kernel completes the handshake; nobody ever reads or writes
+    return sock
+
+
+@pytest.mark.parametrize("target", ["closed-port", "silent-server"])
+async def test_redis_down_fails_fast(target: str) -> None:
+    silent = _listening_socket_that_never_answers() if target == "silent-server" else None
+    port = silent.getsockname()[1] if silent else free_port()
+    url = f"redis://:hunter2@127.0.0.1:{port}/0"
+    store = RedisStore(url, key_prefix="down", ttl_seconds=60, timeout_seconds=0.5)
+    calls = [
+        lambda: store.put(make_response()),
+        lambda: store.get("t", "resp_x"),
+        lambda: store.chain("t", "resp_x", 10),
+        lambda: store.get_items("t", ["msg_x"]),
+        lambda: store.delete("t", "resp_x"),
+    ]
+    try:
+        for call in calls:
+            started = time.monotonic()
+            with pytest.raises(ServiceUnavailable) as info:
+                await call()
+            assert time.monotonic() - started < 1.5
+            assert info.value.message == "state store unavailable"
+            assert info.value.status == 503
+            assert "hunter2" not in str(info.value) and str(port) not in str(info.value)
+            assert info.value.__cause__ is None and info.value.__suppress_context__
+        started = time.monotonic()
+        assert await store.ping() is False
+        assert time.monotonic() - started < 1.5
+    finally:
+        await store.aclose()
+        if silent:
+            silent.close()
+
+
+async def test_redis_password_in_url() -> None:
+    server = RedisServer(password="s3cret-pw").start()
+    good = RedisStore(server.url, key_prefix="pw", ttl_seconds=60, timeout_seconds=1.0)
+    bad = RedisStore(
+        server.url.replace("s3cret-pw", "wrong-pw"), key_prefix="pw", ttl_seconds=60, timeout_seconds=1.0
+    )
+    try:
+        r = make_response()
+        await good.put(r)
+        assert await good.get(r.tenant, r.id) == r
+        assert await bad.ping() is False
+        with pytest.raises(ServiceUnavailable) as info:
+            await bad.get(r.tenant, r.id)
+        assert "wrong-pw" not in str(info.value)
+    finally:
+        await good.aclose()
+        await bad.aclose()
+        server.stop()
+
+
+async def test_redis_recovers_after_a_restart_on_the_same_port() -> None:
+    server = RedisServer().start()
+    store = RedisStore(server.url, key_prefix="recover", ttl_seconds=60, timeout_seconds=1.0)
+    try:
+        before = await put_chain(store, 3)
+        assert await store.chain("tenant-a", before[-1].id, 10) == before
+
+        server.stop()
+        with pytest.raises(ServiceUnavailable):
+            await store.put(make_response())
+        with pytest.raises(ServiceUnavailable):
+            await store.chain("tenant-a", before[-1].id, 10)
+        assert await store.ping() is False
+
+        server.start()  # a new process: no data (no persistence) and an empty script cache
+        check = aioredis.Redis.from_url(server.url)
+        assert await check.script_exists(CHAIN.sha) == [False]
+        await check.aclose()
+        assert await store.ping() is True
+        assert await store.get("tenant-a", before[0].id) is None
+        after = await put_chain(store, 3)
+        assert await store.chain("tenant-a", after[-1].id, 10) == after
+        assert await store.get_items("tenant-a", [after[0].input_items[0]["id"]]) == {
+            after[0].input_items[0]["id"]: after[0].input_items[0]
+        }
+    finally:
+        await store.aclose()
+        server.stop()
