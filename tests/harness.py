@@ -27,8 +27,15 @@ class ServedApp:
 
     def __init__(self, app: Any, port: int | None = None, **uvicorn_kw: Any) -> None:
         self.port = port or free_port()
-        self.config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                     access_log=False, lifespan="on", **uvicorn_kw)
+        self.config = uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            **uvicorn_kw,
+        )
         self.server = uvicorn.Server(self.config)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.app = app
@@ -59,7 +66,9 @@ class ServedApp:
 
 
 @contextmanager
-def serve_gateway(settings: Settings | dict[str, Any] | None = None, **uvicorn_kw: Any) -> Iterator[ServedApp]:
+def serve_gateway(
+    settings: Settings | dict[str, Any] | None = None, **uvicorn_kw: Any
+) -> Iterator[ServedApp]:
     if isinstance(settings, dict) or settings is None:
         settings = Settings(**(settings or {}))
     served = ServedApp(create_app(settings), **uvicorn_kw).start()

@@ -1,0 +1,261 @@
+"""Property tests: any valid delta sequence yields an event stream that obeys the spec's ordering
+graph (NOTES §5.1); invalid sequences are refused loudly."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adapters.deltas import (
+    Finish,
+    ItemDone,
+    ReasoningDelta,
+    ReasoningEncrypted,
+    ReasoningSummaryDelta,
+    RefusalDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallStart,
+    Usage,
+)
+from gateway.builder import IllegalTransition, ResponseBuilder
+from gateway.errors import UpstreamError
+from gateway.resource import new_resource
+from gateway.spec.request import CreateResponseBody
+
+
+def fresh_builder() -> ResponseBuilder:
+    body = CreateResponseBody(model="m", input="x")
+    return ResponseBuilder(new_resource(body, response_id="resp_test", model="m", store=False))
+
+
+# -- an independent checker of the ordering graph ------------------------------------------------
+DELTA_DONE = {
+    "response.output_text.delta": "response.output_text.done",
+    "response.refusal.delta": "response.refusal.done",
+    "response.reasoning.delta": "response.reasoning.done",
+}
+
+
+def check_stream(events: list[dict[str, Any]]) -> None:
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[0]["type"] == "response.created"
+    assert events[1]["type"] == "response.in_progress"
+    for snap in (events[0]["response"], events[1]["response"]):
+        assert snap["status"] == "in_progress" and snap["output"] == []
+    terminal = events[-1]["type"]
+    assert terminal in ("response.completed", "response.incomplete", "response.failed")
+    assert all(
+        e["type"] not in ("response.completed", "response.incomplete", "response.failed") for e in events[:-1]
+    )
+    item: dict[str, Any] | None = None  # the open item
+    part: tuple[str, int] | None = None  # (kind, index) of the open part
+    part_text: list[str] = []
+    sub_done = False
+    next_oi = 0
+    done_items: list[dict[str, Any]] = []
+    for ev in events[2:-1]:
+        t = ev["type"]
+        if t == "error":
+            assert terminal == "response.failed"
+            continue
+        if t == "response.output_item.added":
+            assert item is None, "item added while another is open"
+            assert ev["output_index"] == next_oi
+            item = ev["item"]
+            assert item["status"] == "in_progress"
+            if item["type"] == "message":
+                assert item["content"] == [] and item["role"] == "assistant"
+            if item["type"] == "function_call":
+                assert item["arguments"] == "" and item["name"]
+            continue
+        assert item is not None, f"{t} outside an item"
+        if t != "response.output_item.done":
+            assert ev["item_id"] == item["id"] and ev["output_index"] == next_oi
+        if t in ("response.content_part.added", "response.reasoning_summary_part.added"):
+            assert part is None
+            kind = "content" if t == "response.content_part.added" else "summary"
+            idx = ev["content_index" if kind == "content" else "summary_index"]
+            part = (kind, idx)
+            part_text = []
+            sub_done = False
+        elif t in DELTA_DONE or t == "response.reasoning_summary_text.delta":
+            assert part is not None and not sub_done
+            part_text.append(ev["delta"])
+        elif t in DELTA_DONE.values() or t == "response.reasoning_summary_text.done":
+            assert part is not None and not sub_done
+            text = ev.get("text", ev.get("refusal"))
+            assert text == "".join(part_text)
+            sub_done = True
+        elif t in ("response.content_part.done", "response.reasoning_summary_part.done"):
+            assert part is not None and sub_done
+            part = None
+        elif t == "response.function_call_arguments.delta":
+            assert item["type"] == "function_call"
+            part_text.append(ev["delta"])
+        elif t == "response.function_call_arguments.done":
+            assert ev["arguments"] == "".join(part_text)
+        elif t == "response.output_item.done":
+            assert part is None, "item done with an open part"
+            assert ev["output_index"] == next_oi and ev["item"]["id"] == item["id"]
+            assert ev["item"]["status"] in ("completed", "incomplete")
+            done_items.append(ev["item"])
+            item = None
+            part_text = []
+            next_oi += 1
+        else:
+            raise AssertionError(f"unexpected event {t}")
+    final = events[-1]["response"]
+    if terminal != "response.failed":
+        assert item is None
+        assert final["output"] == done_items
+        assert final["completed_at"] is not None
+    incompletes = [i for i in done_items if i["status"] == "incomplete"]
+    if incompletes:
+        assert done_items[-1]["status"] == "incomplete" and terminal == "response.incomplete"
+
+
+# -- strategies ----------------------------------------------------------------------------------
+text = st.text(min_size=1, max_size=6)
+
+
+@st.composite
+def delta_sequences(draw: st.DrawFn) -> list[Any]:
+    out: list[Any] = []
+    call_no = 0
+    for _ in range(draw(st.integers(0, 8))):
+        kind = draw(
+            st.sampled_from(["text", "refusal", "reasoning", "summary", "call", "done", "usage", "encrypted"])
+        )
+        if kind == "text":
+            out += [TextDelta(t) for t in draw(st.lists(text, min_size=1, max_size=4))]
+        elif kind == "refusal":
+            out += [RefusalDelta(t) for t in draw(st.lists(text, min_size=1, max_size=3))]
+        elif kind == "reasoning":
+            out += [ReasoningDelta(t) for t in draw(st.lists(text, min_size=1, max_size=3))]
+        elif kind == "summary":
+            part = draw(st.integers(0, 2))
+            out += [ReasoningSummaryDelta(t, part) for t in draw(st.lists(text, min_size=1, max_size=3))]
+        elif kind == "encrypted":
+            out.append(ReasoningEncrypted(draw(text)))
+        elif kind == "call":
+            key = call_no
+            call_no += 1
+            out.append(ToolCallStart(key=key, name="fn", call_id=draw(st.none() | st.just(f"call_{key}"))))
+            out += [ToolCallArgsDelta(key, t) for t in draw(st.lists(text, max_size=3))]
+        elif kind == "done":
+            out.append(ItemDone())
+        else:
+            out.append(Usage(draw(st.integers(0, 99)), draw(st.integers(0, 99))))
+    if draw(st.booleans()):
+        out.append(Finish(draw(st.sampled_from(["stop", "length", "tool_calls", "content_filter"]))))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(delta_sequences())
+def test_valid_sequences_obey_the_ordering_graph(deltas: list[Any]) -> None:
+    b = fresh_builder()
+    events = b.start()
+    snapshots = copy.deepcopy(events)
+    for d in deltas:
+        events += b.feed(d)
+    events += b.finish()
+    assert events[:2] == snapshots, "snapshots inside created/in_progress must not change later"
+    check_stream(events)
+    final = events[-1]["response"]
+    text_sent = "".join(d.text for d in deltas if isinstance(d, TextDelta))
+    text_out = "".join(
+        p["text"]
+        for i in final["output"]
+        if i["type"] == "message"
+        for p in i["content"]
+        if p["type"] == "output_text"
+    )
+    assert text_out == text_sent
+    usage = [d for d in deltas if isinstance(d, Usage)]
+    if usage:
+        assert final["usage"]["input_tokens"] == usage[-1].input_tokens
+    else:
+        assert final["usage"] is None  # never invented
+
+
+@settings(max_examples=100, deadline=None)
+@given(delta_sequences(), st.integers(0, 20))
+def test_failure_at_any_point_ends_with_error_then_failed(deltas: list[Any], cut: int) -> None:
+    b = fresh_builder()
+    events = b.start()
+    for d in deltas[:cut]:
+        events += b.feed(d)
+    events += b.fail(UpstreamError("boom"))
+    check_stream(events)
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+    assert events[-1]["response"]["error"] == {"code": "upstream_error", "message": "boom"}
+    assert events[-2]["error"]["message"] == "boom"
+
+
+def test_args_for_an_unknown_call_are_refused() -> None:
+    b = fresh_builder()
+    b.start()
+    with pytest.raises(IllegalTransition):
+        b.feed(ToolCallArgsDelta(7, "{}"))
+    failed = b.fail(UpstreamError("x"))
+    assert failed[-1]["response"]["status"] == "failed"
+
+
+def test_args_for_a_closed_call_are_refused() -> None:
+    b = fresh_builder()
+    b.start()
+    b.feed(ToolCallStart(0, "a"))
+    b.feed(ToolCallStart(1, "b"))
+    with pytest.raises(IllegalTransition):
+        b.feed(ToolCallArgsDelta(0, "{}"))
+
+
+def test_duplicate_call_ids_are_refused() -> None:
+    b = fresh_builder()
+    b.start()
+    b.feed(ToolCallStart(0, "a", call_id="call_x"))
+    with pytest.raises(IllegalTransition):
+        b.feed(ToolCallStart(1, "b", call_id="call_x"))
+
+
+def test_no_delta_after_the_end_and_no_double_start() -> None:
+    b = fresh_builder()
+    with pytest.raises(IllegalTransition):
+        b.feed(TextDelta("early"))
+    b.start()
+    with pytest.raises(IllegalTransition):
+        b.start()
+    b.finish()
+    with pytest.raises(IllegalTransition):
+        b.feed(TextDelta("late"))
+    with pytest.raises(IllegalTransition):
+        b.finish()
+    with pytest.raises(IllegalTransition):
+        b.fail(UpstreamError("late"))
+
+
+def test_length_makes_the_last_item_and_the_response_incomplete() -> None:
+    b = fresh_builder()
+    events = b.start() + b.feed(TextDelta("abc")) + b.feed(Finish("length")) + b.finish()
+    check_stream(events)
+    final = events[-1]["response"]
+    assert final["status"] == "incomplete"
+    assert final["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert final["output"][-1]["status"] == "incomplete"
+
+
+def test_revoke_replaces_the_unsent_terminal_event() -> None:
+    b = fresh_builder()
+    events = b.start() + b.feed(TextDelta("abc"))
+    terminal = b.finish()
+    terminal[-1:] = b.revoke(UpstreamError("store down", code="service_unavailable"))
+    events += terminal
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+    assert events[-1]["response"]["completed_at"] is None
