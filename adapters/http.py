@@ -1,0 +1,353 @@
+"""Shared upstream HTTP plumbing: the pooled client, a streaming call with a total deadline,
+and the one mapping from HTTP statuses and transport failures to ``gateway.errors``.
+
+Messages are the gateway's own words: no upstream URL, key or raw body ever reaches one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import math
+import re
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import orjson
+
+from adapters.sse import SSEDecodeError, SSEDecoder, SSEEvent
+from gateway.errors import (
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamRateLimited,
+    UpstreamRejected,
+    UpstreamTimeout,
+)
+from gateway.settings import ProviderSettings
+
+__all__ = [
+    "ERROR_BODY_LIMIT",
+    "UpstreamStream",
+    "create_client",
+    "error_code_from_body",
+    "map_status_error",
+    "map_transport_error",
+    "open_stream",
+    "parse_retry_after",
+]
+
+ERROR_BODY_LIMIT = 64 * 1024  # bytes of an error body read to pick a code; the rest is dropped
+_RETRYABLE_STATUSES = frozenset({408, 409, 425, 500, 502, 503, 504, 520, 522, 524, 529})
+_REJECTED_STATUSES = frozenset({400, 404, 405, 413, 415, 422})
+_CODE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]{0,63}$")
+# Upstream codes that say nothing beyond the HTTP status; the gateway's own code is better.
+_GENERIC_CODES = frozenset(
+    {
+        "error",
+        "api_error",
+        "invalid_request_error",
+        "invalid_request",
+        "invalid_argument",
+        "bad_request",
+        "badrequesterror",
+        "server_error",
+        "internal",
+        "internal_error",
+        "internal_server_error",
+        "not_found",
+        "not_found_error",
+        "unknown",
+        "failed_precondition",
+    }
+)
+_CONTEXT_HINTS = (
+    "context length",
+    "context_length",
+    "context window",
+    "maximum context",
+    "prompt is too long",
+    "too many tokens",
+    "input token count",
+    "exceeds the maximum number of tokens",
+    "reduce the length",
+)
+
+
+def create_client(settings: ProviderSettings) -> httpx.AsyncClient:
+    """One pooled HTTP/1.1 keep-alive client per provider; per-read timeouts from ``settings``."""
+    t = settings.timeouts
+    n = settings.max_connections
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.read, pool=t.connect),
+        limits=httpx.Limits(max_connections=n, max_keepalive_connections=n, keepalive_expiry=30.0),
+        http1=True,
+        http2=False,
+        follow_redirects=False,
+    )
+
+
+class UpstreamStream:
+    """An upstream response whose status is 2xx, plus the call's deadline (``loop.time()``).
+
+    Read it with :meth:`events` (SSE), :meth:`aiter_bytes` or :meth:`read_json`; all continue
+    one underlying byte stream, enforce the deadline and map transport failures to
+    ``UpstreamError``s. After a logical end (``[DONE]``), :meth:`drain` reads the rest so the
+    connection can go back to the pool.
+    """
+
+    __slots__ = ("_chunks", "deadline", "response")
+
+    def __init__(self, response: httpx.Response, deadline: float) -> None:
+        self.response = response
+        self.deadline = deadline
+        self._chunks: AsyncIterator[bytes] | None = None
+
+    @property
+    def status_code(self) -> int:
+        return self.response.status_code
+
+    @property
+    def headers(self) -> httpx.Headers:
+        return self.response.headers
+
+    async def next_chunk(self) -> bytes | None:
+        """The next piece of the (content-decoded) body, or None at its end."""
+        if self._chunks is None:
+            self._chunks = self.response.aiter_bytes()
+        try:
+            async with asyncio.timeout_at(self.deadline):
+                return await anext(self._chunks)
+        except StopAsyncIteration:
+            return None
+        except (httpx.HTTPError, TimeoutError) as exc:
+            raise map_transport_error(exc) from None
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        """The body's bytes as they arrive."""
+        while (chunk := await self.next_chunk()) is not None:
+            yield chunk
+
+    async def events(self) -> AsyncIterator[SSEEvent]:
+        """Server-sent events decoded from the body; an unterminated last event is delivered too."""
+        decoder = SSEDecoder()
+        try:
+            while (chunk := await self.next_chunk()) is not None:
+                for ev in decoder.feed(chunk):
+                    yield ev
+            for ev in decoder.flush():
+                yield ev
+        except SSEDecodeError:
+            raise UpstreamError("The upstream provider sent an oversized stream event.") from None
+
+    async def read_json(self, limit: int = 64 * 1024 * 1024) -> Any:
+        """The rest of the body parsed as JSON (for a server that did not stream)."""
+        buf = bytearray()
+        while (chunk := await self.next_chunk()) is not None:
+            buf += chunk
+            if len(buf) > limit:
+                raise UpstreamError("The upstream provider sent an oversized response.")
+        try:
+            return orjson.loads(buf)
+        except orjson.JSONDecodeError:
+            raise UpstreamError("The upstream provider sent a malformed response.") from None
+
+    async def drain(self, *, seconds: float = 1.0, max_bytes: int = 64 * 1024) -> bool:
+        """Read and drop what is left of the body (briefly); True if it ended, so keep-alive works."""
+        seen = 0
+        try:
+            async with asyncio.timeout(seconds):
+                while (chunk := await self.next_chunk()) is not None:
+                    seen += len(chunk)
+                    if seen > max_bytes:
+                        return False
+        except (UpstreamError, TimeoutError):
+            return False
+        return True
+
+    async def aclose(self) -> None:
+        if self._chunks is not None:
+            chunks, self._chunks = self._chunks, None
+            await chunks.aclose()  # type: ignore[attr-defined]
+        await self.response.aclose()
+
+
+@asynccontextmanager
+async def open_stream(
+    client: httpx.AsyncClient,
+    method: str,
+    url: str,
+    *,
+    json_body: Any,
+    headers: Mapping[str, str],
+    total_timeout: float,
+) -> AsyncIterator[UpstreamStream]:
+    """Send a request with a streamed response; yield it once its status is 2xx.
+
+    A non-2xx status reads up to ``ERROR_BODY_LIMIT`` bytes and raises ``map_status_error``.
+    ``total_timeout`` bounds the whole call, reading included (checked around each await, never
+    across a ``yield`` of the caller, so it is safe inside async generators). Leaving the block
+    closes the response: an unfinished body closes the connection, so the upstream sees it.
+    """
+    deadline = asyncio.get_running_loop().time() + total_timeout
+    request = client.build_request(
+        method,
+        url,
+        content=orjson.dumps(json_body),
+        headers={"content-type": "application/json", **headers},
+    )
+    try:
+        async with asyncio.timeout_at(deadline):
+            response = await client.send(request, stream=True)
+    except (httpx.HTTPError, TimeoutError) as exc:
+        raise map_transport_error(exc) from None
+    stream = UpstreamStream(response, deadline)
+    try:
+        if not 200 <= response.status_code < 300:
+            body = await _read_bounded(response, deadline)
+            raise map_status_error(response.status_code, body, response.headers)
+        yield stream
+    finally:
+        # Closing an unfinished body drops the connection instead of returning it to the pool.
+        await stream.aclose()
+
+
+async def _read_bounded(response: httpx.Response, deadline: float) -> bytes:
+    buf = bytearray()
+    try:
+        async with asyncio.timeout_at(deadline):
+            async for chunk in response.aiter_bytes():
+                buf += chunk
+                if len(buf) >= ERROR_BODY_LIMIT:
+                    break
+    except (httpx.HTTPError, TimeoutError):
+        pass  # the status alone decides; a half-read error body is still useful
+    return bytes(buf[:ERROR_BODY_LIMIT])
+
+
+# -- error mapping ----------------------------------------------------------------------------
+def parse_retry_after(headers: Mapping[str, str] | None, *, now: float | None = None) -> float | None:
+    """Seconds to wait, from ``retry-after-ms``, or ``retry-after`` as seconds or an HTTP date."""
+    if not headers:
+        return None
+    ms = headers.get("retry-after-ms")
+    if ms:
+        try:
+            value = float(ms) / 1000.0
+            if math.isfinite(value):
+                return max(value, 0.0)
+        except ValueError:
+            pass
+    raw = headers.get("retry-after")
+    if not raw:
+        return None
+    raw = raw.strip()
+    try:
+        value = float(raw)
+        return max(value, 0.0) if math.isfinite(value) else None
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    current = time.time() if now is None else now
+    return max(when.timestamp() - current, 0.0)
+
+
+def error_code_from_body(body: bytes | Mapping[str, Any] | None) -> str | None:
+    """A useful, safe error code from an OpenAI, Anthropic or Gemini error body, or None.
+
+    Looks at ``error.code`` (when a string), ``error.type``, ``error.status``; generic codes
+    are ignored, and a message that says the context window was exceeded gives
+    ``context_length_exceeded``. Nothing else of the body is kept.
+    """
+    data: Any = body
+    if isinstance(body, bytes | bytearray):
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+    if not isinstance(data, Mapping):
+        return None
+    err = data.get("error")
+    if isinstance(err, list) and err and isinstance(err[0], Mapping):
+        err = err[0]  # some Gemini proxies wrap the error object in a list
+    if not isinstance(err, Mapping):
+        return None
+    for key in ("code", "type", "status"):
+        value = err.get(key)
+        if isinstance(value, str) and _CODE_RE.match(value):
+            code = value.lower()
+            if code not in _GENERIC_CODES:
+                return code
+    message = err.get("message")
+    if isinstance(message, str):
+        lowered = message[:2000].lower()
+        if any(hint in lowered for hint in _CONTEXT_HINTS):
+            return "context_length_exceeded"
+    return None
+
+
+def map_status_error(status: int, body: bytes, headers: Mapping[str, str] | None = None) -> UpstreamError:
+    """The gateway error for an upstream non-2xx response (the body only picks the ``code``)."""
+    code = error_code_from_body(body)
+    retry_after = parse_retry_after(headers)
+    if status == 429:
+        if code == "insufficient_quota":  # OpenAI's "out of credit": retrying will not help
+            return UpstreamRateLimited(
+                "The upstream provider's quota is exhausted.",
+                code="upstream_quota_exceeded",
+                upstream_status=status,
+            )
+        return UpstreamRateLimited(
+            "The upstream provider is rate limiting requests; retry later.",
+            retryable=True,
+            retry_after=retry_after,
+            upstream_status=status,
+        )
+    if status in (401, 403):
+        return UpstreamError(
+            "The gateway could not authenticate with the upstream provider.",
+            code="upstream_auth_error",
+            upstream_status=status,
+        )
+    if status in _REJECTED_STATUSES:
+        return UpstreamRejected(
+            f"The upstream provider rejected the request (HTTP {status}).",
+            code=code,
+            upstream_status=status,
+        )
+    if status in _RETRYABLE_STATUSES:
+        return UpstreamError(
+            f"The upstream provider failed (HTTP {status}).",
+            retryable=True,
+            retry_after=retry_after,
+            upstream_status=status,
+        )
+    return UpstreamError(
+        f"The upstream provider returned an unexpected status (HTTP {status}).",
+        retryable=status >= 500,
+        upstream_status=status,
+    )
+
+
+def map_transport_error(exc: BaseException) -> UpstreamError:
+    """The gateway error for an httpx transport failure or the call's deadline (``TimeoutError``)."""
+    if isinstance(exc, httpx.ConnectTimeout | httpx.ConnectError | httpx.ProxyError):
+        return UpstreamConnectError("The gateway could not connect to the upstream provider.", retryable=True)
+    if isinstance(exc, httpx.PoolTimeout):
+        return UpstreamTimeout("No upstream connection became available in time.", retryable=True)
+    if isinstance(exc, httpx.TimeoutException):
+        return UpstreamTimeout("The upstream provider did not respond in time.", retryable=True)
+    if isinstance(exc, TimeoutError):
+        return UpstreamTimeout("The upstream call exceeded its total time limit.", retryable=True)
+    if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError | httpx.CloseError):
+        return UpstreamError("The connection to the upstream provider was lost.", retryable=True)
+    if isinstance(exc, httpx.DecodingError):
+        return UpstreamError("The upstream provider sent an undecodable response.", retryable=True)
+    return UpstreamError("The upstream request failed.")

@@ -1,0 +1,1 @@
+"""Fake upstream servers for tests (real HTTP on loopback)."""
