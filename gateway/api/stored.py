@@ -1,0 +1,90 @@
+"""Read routes over stored responses (a superset of the spec that clients use), tenant-scoped:
+GET/DELETE /v1/responses/{id} and GET /v1/responses/{id}/input_items (cursor pagination)."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.api.common import error_response, json_response
+from gateway.errors import GatewayError, InvalidRequest, NotFound
+from gateway.service import Gateway
+
+
+def _not_found(response_id: str) -> NotFound:
+    return NotFound(f"Response with id '{response_id}' not found.", param="response_id")
+
+
+async def get_response(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    rid = request.path_params["response_id"]
+    try:
+        principal = gw.auth.authenticate(request.headers.get("authorization"))
+        stored = await gw.store.get(principal.tenant, rid)
+        if stored is None:
+            raise _not_found(rid)
+    except GatewayError as err:
+        return error_response(err)
+    return json_response(stored.resource)
+
+
+async def delete_response(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    rid = request.path_params["response_id"]
+    try:
+        principal = gw.auth.authenticate(request.headers.get("authorization"))
+        if not await gw.store.delete(principal.tenant, rid):
+            raise _not_found(rid)
+    except GatewayError as err:
+        return error_response(err)
+    return json_response({"id": rid, "object": "response", "deleted": True})
+
+
+async def list_input_items(request: Request) -> Response:
+    """OpenAI-style list: ``order`` (desc default), ``limit`` 1–100 (20), ``after``/``before`` item ids."""
+    gw: Gateway = request.app.state.gateway
+    rid = request.path_params["response_id"]
+    q = request.query_params
+    try:
+        principal = gw.auth.authenticate(request.headers.get("authorization"))
+        order = q.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise InvalidRequest("'order' must be 'asc' or 'desc'.", param="order", code="invalid_value")
+        try:
+            limit = int(q.get("limit", "20"))
+        except ValueError:
+            limit = -1
+        if not 1 <= limit <= 100:
+            raise InvalidRequest(
+                "'limit' must be an integer from 1 to 100.", param="limit", code="invalid_value"
+            )
+        stored = await gw.store.get(principal.tenant, rid)
+        if stored is None:
+            raise _not_found(rid)
+        items = list(stored.input_items)
+        if order == "desc":
+            items.reverse()
+        ids = [i.get("id") for i in items]
+        start, end = 0, len(items)
+        for cursor, param in ((q.get("after"), "after"), (q.get("before"), "before")):
+            if cursor is None:
+                continue
+            if cursor not in ids:
+                raise InvalidRequest(f"No input item with id '{cursor}'.", param=param, code="invalid_value")
+            if param == "after":
+                start = ids.index(cursor) + 1
+            else:
+                end = ids.index(cursor)
+    except GatewayError as err:
+        return error_response(err)
+    window = items[start:end]
+    page = window[:limit]
+    return json_response(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0].get("id") if page else None,
+            "last_id": page[-1].get("id") if page else None,
+            "has_more": len(window) > limit,
+        }
+    )
