@@ -11,7 +11,10 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.api import http, ops
+from compact.opener import Opener
+from compact.seal import Sealer
+from compact.truncation import fit_context
+from gateway.api import compact, http, ops
 from gateway.api.common import error_response
 from gateway.errors import GatewayError, InvalidRequest, NotFound, ServerError
 from gateway.metrics import Metrics
@@ -24,7 +27,13 @@ log = structlog.get_logger("gateway.app")
 
 
 def build_gateway(settings: Settings) -> Gateway:
-    return Gateway(settings, router=Router(settings), store=create_store(settings.state))
+    return Gateway(
+        settings,
+        router=Router(settings),
+        store=create_store(settings.state),
+        open_compaction=Opener(Sealer.from_settings(settings.compaction)),
+        fit_context=fit_context,
+    )
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -51,6 +60,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = Metrics()
     for path in ("/v1/responses", "/v1/codex/responses"):
         app.add_route(path, http.create_response, methods=["POST"])
+    app.add_route("/v1/responses/compact", compact.compact_response, methods=["POST"])
     app.add_route("/v1/models", ops.list_models, methods=["GET"])
     app.add_route("/healthz", ops.healthz, methods=["GET"])
     app.add_route("/readyz", ops.readyz, methods=["GET"])

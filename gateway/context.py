@@ -84,7 +84,11 @@ async def build_context(
                     raise InvalidEncryptedContent(
                         "Compaction items are not accepted here.", param=f"input[{index}].encrypted_content"
                     )
-                new_items.extend(open_compaction(item, tenant))
+                try:
+                    new_items.extend(open_compaction(item, tenant))
+                except InvalidEncryptedContent as exc:
+                    exc.param = f"input[{index}].encrypted_content"  # the opener cannot know the index
+                    raise
             else:
                 new_items.append(normalize(item))
     check_call_ids(history, new_items)

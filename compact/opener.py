@@ -1,0 +1,39 @@
+"""Open a ``compaction`` input item into a message every upstream model can read.
+
+The summary becomes a ``user`` message (not system/developer): it is derived from conversation
+content, so it must not gain instruction authority. It keeps the compaction id (``cmp_…``), which is
+how a later compaction recognizes and folds it. An empty summary opens into nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from compact.seal import Sealer
+from compact.strategy import SUMMARY_ID_PREFIX
+from gateway.ids import new_id
+from gateway.items import message
+from gateway.spec.request import CompactionItem
+
+Item = dict[str, Any]
+
+SUMMARY_MESSAGE_HEADER = (
+    "Summary of the earlier part of this conversation (it was compacted; this replaces those messages):\n\n"
+)
+
+
+class Opener:
+    """The ``open_compaction`` hook of ``gateway.service.Gateway``; raises InvalidEncryptedContent."""
+
+    def __init__(self, sealer: Sealer) -> None:
+        self.sealer = sealer
+
+    def __call__(self, item: CompactionItem, tenant: str) -> list[Item]:
+        payload = self.sealer.open(item.encrypted_content, tenant, param="input.encrypted_content")
+        summary = payload.get("summary")
+        if not isinstance(summary, str) or not summary.strip():
+            return []
+        cid = payload.get("id")
+        if not isinstance(cid, str) or not cid.startswith(SUMMARY_ID_PREFIX):
+            cid = new_id(SUMMARY_ID_PREFIX.rstrip("_"))
+        return [message("user", SUMMARY_MESSAGE_HEADER + summary, item_id=cid)]

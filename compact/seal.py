@@ -1,0 +1,118 @@
+"""Seal and open the ``encrypted_content`` of compaction items: AES-GCM under a server key ring,
+bound to the tenant, in a versioned envelope ``v1.<key-id>.<base64url(nonce | ciphertext+tag)>``."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import os
+from typing import Any
+
+import orjson
+import structlog
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from gateway.errors import InvalidEncryptedContent
+from gateway.settings import CompactionSettings, ConfigError
+
+log = structlog.get_logger("compact.seal")
+
+VERSION = "v1"
+NONCE_BYTES = 12
+TAG_BYTES = 16
+KEY_SIZES = (16, 24, 32)
+_UNOPENABLE = (
+    "The compaction item's encrypted_content could not be opened: it was altered, was made for "
+    "another tenant, or was sealed with a key this gateway no longer has."
+)
+
+
+def key_id(key: bytes) -> str:
+    """A short public name for a key (8 hex digits of a domain-separated SHA-256)."""
+    return hashlib.sha256(b"orgw-compaction-key-id\x00" + key).hexdigest()[:8]
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64url(text: str) -> bytes:
+    if not text or any(c in text for c in "=+/\n\r "):
+        raise ValueError("not unpadded base64url")
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def decode_key(text: str, where: str) -> bytes:
+    """A configured key: standard or URL-safe base64 of 16, 24 or 32 bytes."""
+    raw = text.strip()
+    try:
+        key = base64.b64decode(raw.replace("-", "+").replace("_", "/") + "=" * (-len(raw) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        raise ConfigError(f"{where}: not valid base64") from None
+    if len(key) not in KEY_SIZES:
+        raise ConfigError(f"{where}: an AES key must be 16, 24 or 32 bytes (got {len(key)})")
+    return key
+
+
+class Sealer:
+    """Encrypts with the first key of the ring and opens with any of them (rotation)."""
+
+    def __init__(self, keys: list[bytes]) -> None:
+        if not keys:
+            raise ValueError("a Sealer needs at least one key")
+        self._ring: dict[str, AESGCM] = {}
+        for key in keys:
+            self._ring.setdefault(key_id(key), AESGCM(key))
+        self._current = key_id(keys[0])
+
+    @classmethod
+    def from_settings(cls, settings: CompactionSettings) -> Sealer:
+        keys = [
+            decode_key(k.get_secret_value(), f"compaction.keys[{i}]") for i, k in enumerate(settings.keys)
+        ]
+        if not keys:
+            log.warning(
+                "compaction_ephemeral_key",
+                detail="compaction.keys is empty: using a random per-process key; compacted windows "
+                "will not open after a restart or on another replica",
+            )
+            keys = [AESGCM.generate_key(bit_length=256)]
+        return cls(keys)
+
+    @property
+    def current_key_id(self) -> str:
+        return self._current
+
+    @staticmethod
+    def _aad(kid: str, tenant: str) -> bytes:
+        # The header and the tenant are authenticated: a window sealed for tenant A never opens for B.
+        return f"orgw-compaction\x00{VERSION}.{kid}\x00".encode() + tenant.encode()
+
+    def seal(self, payload: dict[str, Any], tenant: str) -> str:
+        nonce = os.urandom(NONCE_BYTES)
+        body = self._ring[self._current].encrypt(
+            nonce, orjson.dumps(payload), self._aad(self._current, tenant)
+        )
+        return f"{VERSION}.{self._current}.{_b64url(nonce + body)}"
+
+    def open(self, envelope: str, tenant: str, *, param: str | None = None) -> dict[str, Any]:
+        """The payload, or InvalidEncryptedContent (one message for every cause: no oracle)."""
+        try:
+            version, kid, blob = envelope.split(".")
+            if version != VERSION:
+                raise ValueError("unknown version")
+            aead = self._ring.get(kid)
+            if aead is None:
+                raise ValueError("unknown key")
+            raw = _unb64url(blob)
+            if len(raw) < NONCE_BYTES + TAG_BYTES:
+                raise ValueError("too short")
+            plain = aead.decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], self._aad(kid, tenant))
+            payload = orjson.loads(plain)
+            if not isinstance(payload, dict):
+                raise ValueError("payload is not an object")
+        except (ValueError, InvalidTag, binascii.Error, orjson.JSONDecodeError):
+            raise InvalidEncryptedContent(_UNOPENABLE, param=param) from None
+        return payload

@@ -1,0 +1,200 @@
+"""``POST /v1/responses/compact`` behind the transport: assemble the conversation, keep what the
+strategy keeps, summarize the rest through the same turn path as any response, seal the summary."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import structlog
+
+from compact import strategy
+from compact.opener import SUMMARY_MESSAGE_HEADER, Opener
+from compact.seal import Sealer
+from compact.truncation import estimate_text
+from gateway.auth import Principal
+from gateway.context import build_context
+from gateway.errors import ServerError, UpstreamError
+from gateway.ids import new_id, response_id
+from gateway.routing import Route
+from gateway.service import Gateway
+from gateway.spec.request import CompactRequestBody, CreateResponseBody
+
+log = structlog.get_logger("compact.service")
+
+Item = dict[str, Any]
+PAYLOAD_VERSION = 1
+_HEADROOM_TOKENS = 64  # the summarization request's own framing
+
+
+def zero_usage() -> dict[str, Any]:
+    return {
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "total_tokens": 0,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": 0},
+    }
+
+
+def _output_part(part: dict[str, Any]) -> dict[str, Any]:
+    kind = part.get("type")
+    if kind == "output_text":
+        return {"type": "output_text", "text": part.get("text", ""), "annotations": []}
+    if kind == "input_image":
+        return {**part, "image_url": part.get("image_url"), "detail": part.get("detail") or "auto"}
+    return dict(part)
+
+
+def as_output(item: Item) -> Item:
+    """A normalized item in ``ItemField`` (output) shape: ids and statuses, full content parts."""
+    kind = item.get("type")
+    if kind == "message":
+        out: Item = {
+            "type": "message",
+            "id": item.get("id") or new_id("msg"),
+            "status": "completed",
+            "role": item.get("role", "user"),
+            "content": [_output_part(p) for p in item.get("content", ())],
+        }
+        if "phase" in item:
+            out["phase"] = item["phase"]
+        return out
+    if kind in ("function_call", "function_call_output"):
+        return {**item, "status": "completed"}
+    return dict(item)
+
+
+def _output_text(resource: dict[str, Any]) -> str:
+    return "".join(
+        part.get("text", "")
+        for item in resource.get("output", ())
+        if item.get("type") == "message"
+        for part in item.get("content", ())
+        if part.get("type") == "output_text"
+    )
+
+
+class Compactor:
+    """Compacts with the gateway's routes and store, sealing with the opener's key ring."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        opener = gateway.open_compaction
+        if not isinstance(opener, Opener):
+            raise ServerError("Compaction is not configured on this gateway.")
+        self.gateway = gateway
+        self.sealer: Sealer = opener.sealer
+        self.settings = gateway.settings.compaction
+
+    async def compact(self, body: CompactRequestBody, principal: Principal) -> dict[str, Any]:
+        gw = self.gateway
+        route = gw.route(body.model, principal)
+        ctx = await build_context(
+            input_=body.input,
+            previous_response_id=body.previous_response_id,
+            tenant=principal.tenant,
+            store=gw.store,
+            open_compaction=gw.open_compaction,
+            max_depth=gw.settings.state.max_chain_depth,
+        )
+        plan = strategy.plan(ctx.transcript, self.settings.keep_recent_items)
+        summary, usage = await self._summarize(plan.older, body, principal, route)
+        now = int(time.time())
+        cid = new_id("cmp")
+        payload = {
+            "v": PAYLOAD_VERSION,
+            "id": cid,
+            "summary": summary,
+            "created_at": now,
+            "model": route.model,
+            "summarized_items": len(plan.older),
+        }
+        compaction: Item = {
+            "type": "compaction",
+            "id": cid,
+            "encrypted_content": self.sealer.seal(payload, principal.tenant),
+        }
+        if plan.older:
+            compaction["created_by"] = route.model
+        log.info(
+            "compacted",
+            model=route.model,
+            items=len(ctx.transcript),
+            summarized=len(plan.older),
+            kept=len(plan.pinned) + len(plan.recent),
+            summary_chars=len(summary),
+            key_id=self.sealer.current_key_id,
+        )
+        return {
+            "id": response_id(),
+            "object": "response.compaction",
+            "output": [as_output(i) for i in plan.pinned]
+            + [compaction]
+            + [as_output(i) for i in plan.recent],
+            "created_at": now,
+            "usage": usage,
+        }
+
+    async def _summarize(
+        self, older: list[Item], body: CompactRequestBody, principal: Principal, route: Route
+    ) -> tuple[str, dict[str, Any]]:
+        """The summary text and the tokens it cost (zeros when no model call was needed)."""
+        if not older:
+            return "", zero_usage()
+        if len(older) == 1 and strategy.is_summary(older[0]):
+            # Only an earlier summary falls out of the window: reseal it rather than paraphrase it.
+            text = strategy.text_of(older[0].get("content"))
+            return text.removeprefix(SUMMARY_MESSAGE_HEADER), zero_usage()
+        instructions = strategy.instructions(body.instructions)
+        budget = (
+            route.context_window
+            - self.settings.summary_max_tokens
+            - estimate_text(instructions)
+            - _HEADROOM_TOKENS
+        )
+        text = self._fitted_transcript(older, budget)
+        request = CreateResponseBody.model_validate(
+            {
+                "model": body.model,
+                "instructions": instructions,
+                "input": [{"type": "message", "role": "user", "content": text}],
+                "store": False,
+                "truncation": "disabled",
+                "max_output_tokens": self.settings.summary_max_tokens,
+                "prompt_cache_key": body.prompt_cache_key,
+            }
+        )
+        prepared = await self.gateway.prepare(request, principal)
+        try:
+            await prepared.turn.open()
+            async for _ in prepared.turn.events():
+                pass
+        finally:
+            await prepared.turn.close()
+        result = prepared.turn.result
+        if result.error is not None:
+            raise result.error
+        resource = prepared.turn.builder.resource
+        summary = _output_text(resource).strip()
+        if not summary:
+            raise UpstreamError("The model returned an empty summary.", code="empty_summary")
+        if resource["status"] == "incomplete":
+            log.warning("summary_truncated", model=route.model, max_tokens=self.settings.summary_max_tokens)
+        usage = resource.get("usage")
+        if usage is None:  # the upstream reported none: an estimate is truer than zeros
+            sent, got = estimate_text(instructions) + estimate_text(text), estimate_text(summary)
+            usage = {**zero_usage(), "input_tokens": sent, "output_tokens": got, "total_tokens": sent + got}
+        return summary, usage
+
+    @staticmethod
+    def _fitted_transcript(older: list[Item], budget_tokens: int) -> str:
+        """The transcript, shortened until its estimate fits ``budget_tokens``."""
+        max_chars = max(1024, budget_tokens * 4)
+        text = strategy.transcript(older, max_chars)
+        for _ in range(4):
+            tokens = estimate_text(text) + 4
+            if tokens <= budget_tokens or max_chars <= 1024:
+                break
+            max_chars = max(1024, int(max_chars * budget_tokens / tokens * 0.95))
+            text = strategy.transcript(older, max_chars)
+        return text

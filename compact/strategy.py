@@ -1,0 +1,162 @@
+"""What compaction keeps and what it summarizes, the one summary prompt, and the transcript the
+summarizing model reads. Pure functions over normalized items (gateway/items.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+Item = dict[str, Any]
+
+SUMMARY_ID_PREFIX = "cmp_"  # opened compaction items carry their compaction id (compact/opener.py)
+
+SUMMARY_PROMPT = """\
+You are compacting a conversation between a user and an AI assistant so that the assistant can \
+continue it without the full history. Write a summary of the conversation transcript you are given.
+
+Keep everything the assistant needs to carry on seamlessly:
+- the user's goals, requests, constraints and stated preferences;
+- facts, names, numbers, identifiers, code words, file paths and decisions that were established;
+- tool calls that were made, with their important arguments and results;
+- what has been completed and what is still open or was promised next.
+
+Rules:
+- Write in the third person ("The user asked…", "The assistant found…"), as plain text.
+- Quote exact values (ids, code, error messages) verbatim when they may matter later.
+- If the transcript contains an earlier summary, fold its content into yours.
+- Do not answer or continue the conversation; only summarize it.
+- Be concise: no preamble, no closing remarks."""
+
+INSTRUCTIONS_HEADER = "\n\nThe assistant in this conversation works under these instructions:\n"
+TRANSCRIPT_HEADER = "Conversation transcript to summarize:\n\n"
+OMITTED = "[… earlier part of the transcript omitted to fit the model's context window …]"
+
+
+@dataclass(slots=True)
+class Plan:
+    """``pinned`` (system/developer messages from the summarized part, kept verbatim in front),
+    ``older`` (to summarize), ``recent`` (kept verbatim, in order, after the compaction item)."""
+
+    pinned: list[Item]
+    older: list[Item]
+    recent: list[Item]
+
+
+def is_pinned(item: Item) -> bool:
+    return item.get("type") == "message" and item.get("role") in ("system", "developer")
+
+
+def is_summary(item: Item) -> bool:
+    """A message opened from an earlier compaction item: always folded into the new summary,
+    so its plaintext never comes back to the client."""
+    return item.get("type") == "message" and str(item.get("id", "")).startswith(SUMMARY_ID_PREFIX)
+
+
+def recent_start(items: list[Item], keep: int) -> int:
+    """Index where the verbatim tail starts: the last ``keep`` items, moved earlier so that no
+    ``function_call_output`` is separated from its call and a reasoning item stays with what follows."""
+    start = max(0, len(items) - keep)
+    while 0 < start < len(items):
+        outputs = {i.get("call_id") for i in items[start:] if i.get("type") == "function_call_output"}
+        first_call = next(
+            (
+                n
+                for n in range(start)
+                if items[n].get("type") == "function_call" and items[n].get("call_id") in outputs
+            ),
+            None,
+        )
+        if first_call is not None:
+            start = first_call
+        elif items[start - 1].get("type") == "reasoning":
+            start -= 1
+        else:
+            break
+    return start
+
+
+def plan(items: list[Item], keep_recent: int) -> Plan:
+    start = recent_start(items, keep_recent)
+    pinned: list[Item] = []
+    older: list[Item] = []
+    for item in items[:start]:
+        (pinned if is_pinned(item) else older).append(item)
+    recent: list[Item] = []
+    for item in items[start:]:
+        # An earlier summary in the tail is folded into the new one rather than handed back open.
+        (older if is_summary(item) else recent).append(item)
+    # Earlier summaries cover what came before everything else: summarize them first.
+    older.sort(key=lambda i: not is_summary(i))
+    return Plan(pinned=pinned, older=older, recent=recent)
+
+
+def instructions(client_instructions: str | None) -> str:
+    """The instructions of the summarization request: the prompt, plus the client's instructions
+    as context (they are not carried into the compacted window; clients resend them)."""
+    if client_instructions:
+        return SUMMARY_PROMPT + INSTRUCTIONS_HEADER + client_instructions
+    return SUMMARY_PROMPT
+
+
+def text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    out: list[str] = []
+    for part in content or ():
+        kind = part.get("type")
+        if kind in ("input_text", "output_text", "text"):
+            out.append(part.get("text", ""))
+        elif kind == "refusal":
+            out.append(f"(refused) {part.get('refusal', '')}")
+        elif kind == "input_image":
+            out.append("[image]")
+        elif kind == "input_file":
+            out.append(f"[file {part.get('filename') or ''}]".replace(" ]", "]"))
+        elif kind == "input_video":
+            out.append("[video]")
+    return "\n".join(out)
+
+
+def render(item: Item) -> str:
+    """One item as a transcript entry."""
+    kind = item.get("type")
+    if kind == "message":
+        if is_summary(item):
+            return f"[earlier summary]\n{text_of(item.get('content'))}"
+        return f"[{item.get('role', 'user')}]\n{text_of(item.get('content'))}"
+    if kind == "function_call":
+        return f"[tool call {item.get('call_id')}] {item.get('name')}({item.get('arguments', '')})"
+    if kind == "function_call_output":
+        return f"[tool result {item.get('call_id')}]\n{text_of(item.get('output'))}"
+    if kind == "reasoning":
+        summary = "\n".join(s.get("text", "") for s in item.get("summary", ()))
+        return f"[assistant reasoning]\n{summary}" if summary else ""
+    return ""
+
+
+def transcript(items: list[Item], max_chars: int) -> str:
+    """The items rendered oldest first, at most ``max_chars`` long: the newest entries win, except
+    that earlier summaries (first in ``items``) are kept whenever they fit."""
+    pairs = [(e, i) for e, i in ((render(i), i) for i in items) if e]
+    if not pairs:
+        return ""
+    entries = [e for e, _ in pairs]
+    budget = max_chars - len(TRANSCRIPT_HEADER) - len(OMITTED) - 2
+    head: list[str] = []
+    for entry, item in pairs:
+        if not is_summary(item) or len(entry) + 2 > budget:
+            break
+        head.append(entry)
+        budget -= len(entry) + 2
+    tail: list[str] = []
+    for entry in reversed(entries[len(head) :]):
+        if len(entry) + 2 > budget:
+            if not tail and budget > 0:
+                tail.append(entry[: budget - 1] + "…")  # one huge newest entry: keep its start
+            break
+        tail.append(entry)
+        budget -= len(entry) + 2
+    tail.reverse()
+    omitted = len(head) + len(tail) < len(entries)
+    body = head + ([OMITTED] if omitted else []) + tail
+    return TRANSCRIPT_HEADER + "\n\n".join(body)
