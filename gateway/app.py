@@ -16,6 +16,7 @@ from compact.seal import Sealer
 from compact.truncation import fit_context
 from gateway.api import compact, http, ops
 from gateway.api.common import error_response
+from gateway.api.ws import WebSocketHub, responses_socket
 from gateway.errors import GatewayError, InvalidRequest, NotFound, ServerError
 from gateway.metrics import Metrics
 from gateway.routing import Router
@@ -51,6 +52,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            await app.state.ws_hub.drain(0)  # normally done already (GatewayServer); cut what is left
             await gateway.aclose()
 
     app = FastAPI(
@@ -58,8 +60,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.metrics = Metrics()
+    app.state.ws_hub = WebSocketHub()
     for path in ("/v1/responses", "/v1/codex/responses"):
         app.add_route(path, http.create_response, methods=["POST"])
+        app.router.add_websocket_route(path, responses_socket)
     app.add_route("/v1/responses/compact", compact.compact_response, methods=["POST"])
     app.add_route("/v1/models", ops.list_models, methods=["GET"])
     app.add_route("/healthz", ops.healthz, methods=["GET"])

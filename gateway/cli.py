@@ -3,12 +3,48 @@
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
+from typing import Any
 
 import uvicorn
 
 from gateway.logs import configure_logging
-from gateway.settings import ConfigError, load_settings
+from gateway.settings import ConfigError, Settings, load_settings
+
+WS_PING_INTERVAL = 20.0  # keepalive pings; a peer silent for interval + timeout is dropped
+WS_PING_TIMEOUT = 20.0
+
+
+def uvicorn_ws_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's WebSocket options. ``websockets-sansio`` awaits the transport's write buffer
+    (backpressure) and reads one message at a time. Frames up to twice ``max_ws_frame_bytes``
+    reach the app, which answers an error envelope and keeps the socket; bigger ones close it (1009)."""
+    return {
+        "ws": "websockets-sansio",
+        "ws_max_size": 2 * settings.limits.max_ws_frame_bytes,
+        "ws_ping_interval": WS_PING_INTERVAL,
+        "ws_ping_timeout": WS_PING_TIMEOUT,
+    }
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn's server, except that on shutdown (SIGTERM) it stops accepting, then lets open
+    WebSockets finish their in-flight turn within ``ws_drain_seconds`` and closes them with 1001
+    (plain uvicorn would cut them at once with 1012)."""
+
+    def __init__(self, config: uvicorn.Config, app: Any, drain_seconds: float) -> None:
+        super().__init__(config)
+        self.gateway_app = app
+        self.drain_seconds = drain_seconds
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        await self.gateway_app.state.ws_hub.drain(self.drain_seconds)
+        await super().shutdown(sockets)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,16 +69,17 @@ def main(argv: list[str] | None = None) -> int:
     from gateway.app import create_app
 
     app = create_app(settings)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
         log_level="warning",
         access_log=False,
-        ws_max_size=settings.limits.max_ws_frame_bytes,
         timeout_graceful_shutdown=int(settings.limits.ws_drain_seconds) or None,
         lifespan="on",
+        **uvicorn_ws_options(settings),
     )
+    GatewayServer(config, app, settings.limits.ws_drain_seconds).run()
     return 0
 
 

@@ -1,0 +1,333 @@
+"""The WebSocket transport on /v1/responses: authenticate at the upgrade, then run one turn per
+``response.create`` (FIFO, one in flight), each event one JSON text frame, with the
+connection-local cache, the connection age limit, disconnect cancellation and shutdown drain."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any, cast
+
+import orjson
+import structlog
+from starlette.requests import Request
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from gateway.api.common import RequestLog, error_response
+from gateway.auth import Principal
+from gateway.encode import ws_text
+from gateway.errors import (
+    ConnectionLimitReached,
+    GatewayError,
+    InvalidRequest,
+    PayloadTooLarge,
+    RateLimited,
+    ServerError,
+    ServiceUnavailable,
+)
+from gateway.ids import new_id
+from gateway.metrics import Metrics
+from gateway.service import Gateway, Prepared
+from gateway.spec.request import CreateResponseBody
+from gateway.validate import parse_model
+from state.connection import ConnectionCache
+
+log = structlog.get_logger("gateway.ws")
+
+Job = str | GatewayError  # a raw text frame, or the error a bad frame already earned
+CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
+CLOSE_INTERNAL_ERROR = 1011
+_IGNORED_KEYS = ("type", "stream", "stream_options")  # real clients send stream:true (NOTES §16)
+_ENDED = frozenset({"completed", "incomplete"})
+
+
+class WebSocketHub:
+    """Every open socket of the process, so that shutdown can drain them."""
+
+    def __init__(self) -> None:
+        self.connections: set[Connection] = set()
+        self.draining = False
+        self._empty = asyncio.Event()
+        self._empty.set()
+
+    def add(self, conn: Connection) -> None:
+        self.connections.add(conn)
+        self._empty.clear()
+
+    def discard(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+        if not self.connections:
+            self._empty.set()
+
+    async def drain(self, seconds: float) -> None:
+        """Refuse new sockets; idle ones close now, busy ones after their in-flight turn; any
+        still open after ``seconds`` are cut. All close with 1001."""
+        self.draining = True
+        if not self.connections:
+            return
+        log.info("websocket_drain", connections=len(self.connections), seconds=seconds)
+        for conn in list(self.connections):
+            conn.begin_drain()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._empty.wait(), seconds)
+        if self.connections:
+            log.warning("websocket_drain_timeout", connections=len(self.connections))
+            for conn in list(self.connections):
+                conn.abort()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._empty.wait(), 1.0)
+
+
+async def responses_socket(websocket: WebSocket) -> None:
+    """The endpoint: refuse before the upgrade (HTTP 401/503, no turn runs), else serve."""
+    app = websocket.app
+    gw: Gateway = app.state.gateway
+    hub: WebSocketHub = app.state.ws_hub
+    metrics: Metrics = app.state.metrics
+    try:
+        principal = gw.auth.authenticate(websocket.headers.get("authorization"))
+        if hub.draining:
+            raise ServiceUnavailable("The gateway is shutting down; connect again shortly.")
+    except GatewayError as err:
+        rlog = RequestLog(cast(Request, websocket), "websocket")
+        rlog.emit(err.status, error_code=err.code, phase="upgrade")
+        await websocket.send_denial_response(error_response(err))
+        return
+    await websocket.accept()
+    conn = Connection(websocket, gw, principal, metrics)
+    hub.add(conn)
+    metrics.ws_connections += 1
+    try:
+        await conn.serve()
+    finally:
+        metrics.ws_connections -= 1
+        hub.discard(conn)
+
+
+class Connection:
+    """One accepted socket: a reader that never blocks on turns, a FIFO, one worker."""
+
+    def __init__(self, websocket: WebSocket, gw: Gateway, principal: Principal, metrics: Metrics) -> None:
+        limits = gw.settings.limits
+        self.ws = websocket
+        self.gw = gw
+        self.principal = principal
+        self.metrics = metrics
+        self.id = new_id("ws")
+        self.cache = ConnectionCache(limits.ws_cache_entries)
+        self.queue: asyncio.Queue[Job] = asyncio.Queue(limits.ws_queue_size)
+        self.frame_limit = limits.max_ws_frame_bytes
+        self.deadline = asyncio.get_running_loop().time() + limits.ws_connection_seconds
+        self.limit_minutes = limits.ws_connection_seconds / 60
+        self.busy = False
+        self.draining = False
+        self.closed = False  # we have sent the close frame
+        self._worker: asyncio.Task[None] | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def serve(self) -> None:
+        worker = self._worker = asyncio.create_task(self._work())
+        reader = asyncio.create_task(self._read())
+        try:
+            await asyncio.wait((worker, reader), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            client_gone = reader.done()
+            # Client gone: cancelling the worker cancels the turn, whose event generator closes
+            # the adapter stream (and with it the upstream request) on the way out.
+            for task in (worker, reader):
+                task.cancel()
+            results = await asyncio.gather(worker, reader, return_exceptions=True)
+            for res in results:
+                if isinstance(res, Exception):
+                    log.error("websocket_task_failed", connection_id=self.id, error=repr(res))
+            self.cache.clear()
+            if not client_gone and not self.closed:
+                crashed = any(isinstance(r, Exception) for r in results)
+                code = CLOSE_INTERNAL_ERROR if crashed else CLOSE_GOING_AWAY
+                await self._close(code, "server shutting down" if code == CLOSE_GOING_AWAY else "")
+
+    def begin_drain(self) -> None:
+        """Shutdown: finish the in-flight turn (if any), start no other, then close with 1001."""
+        self.draining = True
+        if not self.busy and self._worker is not None:
+            self._worker.cancel()
+
+    def abort(self) -> None:
+        self.draining = True
+        if self._worker is not None:
+            self._worker.cancel()
+
+    async def _close(self, code: int, reason: str = "") -> None:
+        self.closed = True
+        with contextlib.suppress(Exception):
+            await self.ws.close(code, reason)
+
+    async def _send(self, text: str) -> None:
+        # Awaits the transport: uvicorn pauses us at its write high-water mark, so a slow reader
+        # stalls this turn (and the upstream read behind it) instead of growing a buffer.
+        await self.ws.send({"type": "websocket.send", "text": text})
+
+    # -- reading -------------------------------------------------------------------------------
+    async def _read(self) -> None:
+        """Take every frame off the socket at once (so a disconnect is seen mid-turn) and queue it."""
+        limit = self.frame_limit
+        while True:
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            text: str | None = message.get("text")
+            job: Job
+            if text is None:
+                job = InvalidRequest(
+                    "Binary frames are not accepted; send each message as a JSON text frame.",
+                    code="unsupported_frame_type",
+                )
+            elif len(text) > limit // 4 and len(text.encode()) > limit:
+                job = PayloadTooLarge(f"The message exceeds the limit of {limit} bytes.")
+            else:
+                job = text
+            try:
+                self.queue.put_nowait(job)
+            except asyncio.QueueFull:
+                err = RateLimited(
+                    f"Too many messages queued on this connection (at most {self.queue.maxsize} wait "
+                    "behind the response in flight); this one was dropped.",
+                    code="websocket_queue_full",
+                )
+                with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+                    await self._send(ws_text(err.ws_envelope()))
+
+    # -- the worker ----------------------------------------------------------------------------
+    async def _work(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while not self.draining:
+                try:
+                    async with asyncio.timeout_at(self.deadline):
+                        job = await self.queue.get()
+                except TimeoutError:
+                    job = None
+                if self.draining:
+                    return
+                if job is None or loop.time() >= self.deadline:
+                    # The in-flight turn (if any) has finished; idle or not, the socket ends here.
+                    await self._limit_reached()
+                    return
+                self.busy = True
+                try:
+                    await self._turn(job)
+                finally:
+                    self.busy = False
+        except WebSocketDisconnect:
+            return
+
+    async def _limit_reached(self) -> None:
+        err = ConnectionLimitReached(
+            f"Responses websocket connection limit reached ({self.limit_minutes:g} minutes). "
+            "Create a new websocket connection to continue."
+        )
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+            await self._send(ws_text(err.ws_envelope()))
+        await self._close(CLOSE_NORMAL, "connection limit reached")
+
+    async def _turn(self, job: Job) -> None:
+        rlog = RequestLog(cast(Request, self.ws), "websocket")
+        rlog.fields["request_id"] = new_id("req")
+        rlog.fields["connection_id"] = self.id
+        rlog.fields["tenant"] = self.principal.tenant
+        previous: str | None = None
+        prepared: Prepared | None = None
+        try:
+            if isinstance(job, GatewayError):
+                raise job
+            data = _parse(job)
+            prev = data.get("previous_response_id")
+            previous = prev if isinstance(prev, str) else None
+            model = data.get("model")
+            rlog.fields["model"] = model if isinstance(model, str) else None
+            if data.get("background"):
+                raise InvalidRequest(
+                    "Background responses are not supported on a WebSocket.",
+                    param="background",
+                    code="unsupported_parameter",
+                )
+            body = parse_model(CreateResponseBody, data)
+            prepared = await self.gw.prepare(body, self.principal, cache=self.cache)
+            rlog.fields["provider"] = prepared.route.provider
+            await prepared.turn.open()
+        except Exception as exc:
+            if isinstance(exc, GatewayError):
+                err = exc
+            else:
+                log.exception("websocket_turn_crashed", connection_id=self.id)
+                err = ServerError("The gateway hit an unexpected error.")
+            if prepared is not None:
+                await prepared.turn.close()
+            if previous is not None:
+                self.cache.evict(previous)  # a failed continuation: retrying it must not hit the cache
+            await self._send(ws_text(err.ws_envelope()))  # before generation: the envelope only
+            rlog.emit(err.status, error_code=err.code)
+            self._observe(rlog, str(err.status), None)
+            return
+        await self._stream(prepared, rlog, previous)
+
+    async def _stream(self, prepared: Prepared, rlog: RequestLog, previous: str | None) -> None:
+        turn = prepared.turn
+        send = self._send
+        dropped: int | None = None
+        finished = False
+        try:
+            async with contextlib.aclosing(turn.events()) as events:
+                async for event in events:
+                    if event["type"] == "error":
+                        # On a WebSocket a turn gets exactly one terminal message: the reference
+                        # client ends a turn at any "error", so only response.failed is sent,
+                        # taking over the dropped event's number (no gap).
+                        dropped = event["sequence_number"]
+                        continue
+                    if dropped is not None:
+                        event["sequence_number"] = dropped
+                        dropped = None
+                    await send(ws_text(event))
+            finished = True
+        finally:
+            result = turn.result
+            if finished and result.status in _ENDED:
+                self.cache.remember(turn.builder.resource["id"], prepared.context.transcript, result.output)
+            elif previous is not None:
+                self.cache.evict(previous)
+            usage = result.usage or {}
+            status = result.status if finished else "cancelled"
+            rlog.emit(
+                status,
+                provider=result.provider,
+                input_tokens=usage.get("input_tokens"),
+                output_tokens=usage.get("output_tokens"),
+                error_code=result.error.code if result.error else None,
+            )
+            self._observe(rlog, status, result.usage)
+
+    def _observe(self, rlog: RequestLog, status: str, usage: dict[str, Any] | None) -> None:
+        self.metrics.observe("websocket", str(rlog.fields.get("model") or "-"), status, rlog.elapsed(), usage)
+
+
+def _parse(text: str) -> dict[str, Any]:
+    """A client frame → the ``CreateResponseBody`` fields of a ``response.create``."""
+    try:
+        data = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raise InvalidRequest("The message is not valid JSON.", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("A message must be a JSON object.", code="invalid_json")
+    kind = data.get("type")
+    if kind != "response.create":
+        shown = kind if isinstance(kind, str) else orjson.dumps(kind).decode()
+        raise InvalidRequest(
+            f"Unsupported message type '{shown[:64]}'; the only client message is 'response.create'.",
+            param="type",
+            code="unknown_message_type",
+        )
+    for key in _IGNORED_KEYS:
+        data.pop(key, None)
+    return data

@@ -1,0 +1,66 @@
+"""The WebSocket's connection-local cache: the latest responses of one socket, each with its
+effective transcript (inherited chain + own input + output in input form), bounded LRU.
+
+It is the only home of ``store: false`` state, it is never shared across connections, and a
+continuation that fails evicts the id it referenced (NOTES §8.5-8.6).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from gateway.items import output_as_input
+
+Item = dict[str, Any]
+
+
+class ConnectionCache:
+    """Implements ``gateway.context.ConnectionCache`` for one connection.
+
+    Transcripts share their item dicts with the turn that produced them (and with each other),
+    so an entry costs one list of references, not a copy of the history."""
+
+    __slots__ = ("_entries", "max_entries")
+
+    def __init__(self, max_entries: int) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be at least 1")
+        self.max_entries = max_entries
+        self._entries: OrderedDict[str, list[Item]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, response_id: object) -> bool:
+        return response_id in self._entries
+
+    def get_transcript(self, response_id: str) -> list[Item] | None:
+        transcript = self._entries.get(response_id)
+        if transcript is not None:
+            self._entries.move_to_end(response_id)
+        return transcript
+
+    def find_item(self, item_id: str) -> Item | None:
+        # Newest first: the latest transcript usually contains the whole chain.
+        for transcript in reversed(self._entries.values()):
+            for item in transcript:
+                if item.get("id") == item_id:
+                    return item
+        return None
+
+    def put(self, response_id: str, transcript: list[Item]) -> None:
+        self._entries[response_id] = transcript
+        self._entries.move_to_end(response_id)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def remember(self, response_id: str, transcript: list[Item], output: list[Item]) -> None:
+        """Cache a finished turn: the transcript it ran on plus its output items in input form."""
+        self.put(response_id, [*transcript, *(output_as_input(o) for o in output)])
+
+    def evict(self, response_id: str) -> None:
+        self._entries.pop(response_id, None)
+
+    def clear(self) -> None:
+        self._entries.clear()
