@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import logging
 import math
 import re
 import time
@@ -38,6 +39,10 @@ __all__ = [
     "open_stream",
     "parse_retry_after",
 ]
+
+# httpx logs every request URL at INFO (and httpcore hosts at DEBUG); upstream URLs stay out of logs.
+logging.getLogger("httpx").setLevel(logging.WARNING)
+logging.getLogger("httpcore").setLevel(logging.WARNING)
 
 ERROR_BODY_LIMIT = 64 * 1024  # bytes of an error body read to pick a code; the rest is dropped
 _RETRYABLE_STATUSES = frozenset({408, 409, 425, 500, 502, 503, 504, 520, 522, 524, 529})

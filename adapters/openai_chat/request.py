@@ -1,0 +1,229 @@
+"""Pure request translation: a normalized ``UpstreamRequest`` → a Chat Completions JSON body.
+
+Chosen for the widest compatibility (vLLM, Ollama, llama.cpp, OpenRouter, Groq): developer
+messages become ``system``, text-only content is a plain string, ``max_tokens`` not
+``max_completion_tokens``, and ``tool_choice`` is omitted when it is ``auto``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adapters.base import UpstreamRequest
+from gateway.errors import UpstreamRejected
+
+__all__ = ["build_body", "build_messages", "build_tools"]
+
+_TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text", "reasoning_text"})
+
+
+def build_body(req: UpstreamRequest) -> dict[str, Any]:
+    """The streamed ``/chat/completions`` request body for ``req``."""
+    body: dict[str, Any] = {"model": req.model, "messages": build_messages(req)}
+    tools, tool_choice = build_tools(req.tools, req.tool_choice)
+    if tools:
+        body["tools"] = tools
+        if tool_choice is not None:
+            body["tool_choice"] = tool_choice
+        if req.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = req.parallel_tool_calls
+    if req.max_output_tokens is not None:
+        body["max_tokens"] = req.max_output_tokens
+    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+        value = getattr(req, name)
+        if value is not None:
+            body[name] = value
+    response_format = _response_format(req.text_format)
+    if response_format is not None:
+        body["response_format"] = response_format
+    effort = (req.reasoning or {}).get("effort")
+    if isinstance(effort, str):
+        body["reasoning_effort"] = effort
+    body["stream"] = True
+    body["stream_options"] = {"include_usage": True}
+    return body
+
+
+# -- messages ---------------------------------------------------------------------------------
+def build_messages(req: UpstreamRequest) -> list[dict[str, Any]]:
+    """The transcript as chat messages; reasoning items are dropped (chat has no slot for them)."""
+    out: list[dict[str, Any]] = []
+    if req.instructions:
+        out.append({"role": "system", "content": req.instructions})
+    # Tool outputs may carry images, which a chat "tool" message cannot: they follow the run of
+    # tool messages as one user message, so the tool messages stay adjacent to their call.
+    pending_images: list[dict[str, Any]] = []
+    tool_calls_open: dict[str, Any] | None = None  # the assistant message that collects calls
+    for item in req.items:
+        kind = item.get("type", "message")
+        if kind == "reasoning":
+            continue  # transparent: calls after it still merge into the previous assistant turn
+        if kind != "function_call_output" and pending_images:
+            out.append({"role": "user", "content": pending_images})
+            pending_images = []
+        if kind == "message":
+            msg = _message(item)
+            if msg is None:
+                continue
+            out.append(msg)
+            tool_calls_open = msg if msg["role"] == "assistant" else None
+        elif kind == "function_call":
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": item.get("arguments") or "{}"},
+            }
+            if tool_calls_open is None:
+                tool_calls_open = {"role": "assistant", "content": None}
+                out.append(tool_calls_open)
+            tool_calls_open.setdefault("tool_calls", []).append(call)
+        elif kind == "function_call_output":
+            text, images = _tool_output(item.get("output"))
+            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
+            pending_images += images
+            tool_calls_open = None
+        else:
+            tool_calls_open = None  # an item kind chat cannot express; nothing to send
+    if pending_images:
+        out.append({"role": "user", "content": pending_images})
+    return out
+
+
+def _message(item: dict[str, Any]) -> dict[str, Any] | None:
+    role = item.get("role", "user")
+    content = item.get("content")
+    if role == "assistant":
+        text = _join_text(content, refusals=True)
+        return {"role": "assistant", "content": text}
+    if role in ("system", "developer"):
+        return {"role": "system", "content": _join_text(content)}
+    parts = _user_parts(content)
+    if not parts:
+        return {"role": "user", "content": ""}
+    if all(p["type"] == "text" for p in parts):
+        return {"role": "user", "content": "\n".join(p["text"] for p in parts)}
+    return {"role": "user", "content": parts}
+
+
+def _join_text(content: Any, *, refusals: bool = False) -> str:
+    if isinstance(content, str):
+        return content
+    texts: list[str] = []
+    for part in content or []:
+        t = part.get("type")
+        if t in _TEXT_PARTS:
+            texts.append(part.get("text") or "")
+        elif t == "refusal" and refusals:
+            texts.append(part.get("refusal") or "")
+    return "\n".join(texts)
+
+
+def _user_parts(content: Any) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    parts: list[dict[str, Any]] = []
+    for part in content or []:
+        t = part.get("type")
+        if t in _TEXT_PARTS:
+            parts.append({"type": "text", "text": part.get("text") or ""})
+        elif t == "input_image":
+            parts.append(_image(part))
+        elif t == "input_file":
+            parts.append(_file(part))
+        else:
+            raise UpstreamRejected(
+                f"This model's provider does not accept '{t}' content.", code="unsupported_content"
+            )
+    return parts
+
+
+def _image(part: dict[str, Any]) -> dict[str, Any]:
+    url = part.get("image_url")
+    if not url:
+        raise UpstreamRejected(
+            "This model's provider needs images as a URL or data URL.", code="unsupported_content"
+        )
+    image: dict[str, Any] = {"url": url}
+    if part.get("detail"):
+        image["detail"] = part["detail"]
+    return {"type": "image_url", "image_url": image}
+
+
+def _file(part: dict[str, Any]) -> dict[str, Any]:
+    data = part.get("file_data")
+    if not data:
+        raise UpstreamRejected(
+            "This model's provider accepts files only as inline file_data.", code="unsupported_content"
+        )
+    file: dict[str, Any] = {"file_data": data}
+    if part.get("filename"):
+        file["filename"] = part["filename"]
+    return {"type": "file", "file": file}
+
+
+def _tool_output(output: Any) -> tuple[str, list[dict[str, Any]]]:
+    """The text of a tool output, and its images/files (as user content parts)."""
+    if output is None:
+        return "", []
+    if isinstance(output, str):
+        return output, []
+    texts: list[str] = []
+    media: list[dict[str, Any]] = []
+    for part in output:
+        t = part.get("type")
+        if t in _TEXT_PARTS:
+            texts.append(part.get("text") or "")
+        elif t == "input_image":
+            media.append(_image(part))
+        elif t == "input_file":
+            media.append(_file(part))
+    return "\n".join(texts), media
+
+
+# -- tools ------------------------------------------------------------------------------------
+def build_tools(
+    tools: list[dict[str, Any]], tool_choice: str | dict[str, Any]
+) -> tuple[list[dict[str, Any]], str | dict[str, Any] | None]:
+    """Chat ``tools`` and ``tool_choice`` (None: omit it). ``allowed_tools`` sends only the subset."""
+    choice: str | dict[str, Any] | None
+    allowed: set[str] | None = None
+    if isinstance(tool_choice, dict):
+        kind = tool_choice.get("type")
+        if kind == "function":
+            choice = {"type": "function", "function": {"name": tool_choice["name"]}}
+        elif kind == "allowed_tools":
+            allowed = {t.get("name") for t in tool_choice.get("tools") or []}
+            choice = tool_choice.get("mode") or "auto"
+        else:
+            choice = "auto"
+    else:
+        choice = tool_choice
+    out: list[dict[str, Any]] = []
+    for tool in tools:
+        if tool.get("type", "function") != "function":
+            continue
+        if allowed is not None and tool.get("name") not in allowed:
+            continue
+        fn: dict[str, Any] = {"name": tool["name"]}
+        for key in ("description", "parameters", "strict"):
+            if tool.get(key) is not None:
+                fn[key] = tool[key]
+        out.append({"type": "function", "function": fn})
+    return out, (None if choice == "auto" else choice)
+
+
+def _response_format(text_format: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not text_format:
+        return None
+    kind = text_format.get("type")
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        schema: dict[str, Any] = {"name": text_format.get("name") or "response"}
+        if text_format.get("description") is not None:
+            schema["description"] = text_format["description"]
+        schema["schema"] = text_format.get("schema") or {}
+        if text_format.get("strict") is not None:
+            schema["strict"] = text_format["strict"]
+        return {"type": "json_schema", "json_schema": schema}
+    return None

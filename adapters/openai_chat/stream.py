@@ -1,0 +1,181 @@
+"""Pure stream translation: parsed ``chat.completion.chunk`` dicts → normalized deltas.
+
+Stateful (tool calls by index, the held finish reason and usage); no I/O. Usage and the finish
+reason are held until the stream ends, so they come last and in that order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from adapters.deltas import (
+    Delta,
+    Finish,
+    FinishReason,
+    ReasoningDelta,
+    RefusalDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallStart,
+    Usage,
+)
+from adapters.http import error_code_from_body
+from gateway.errors import UpstreamError
+
+__all__ = ["ChatStreamTranslator"]
+
+_FINISH: dict[str, FinishReason] = {
+    "stop": "stop",
+    "eos": "stop",
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "length": "length",
+    "max_tokens": "length",
+    "model_length": "length",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "tool_use": "tool_calls",
+    "content_filter": "content_filter",
+    "safety": "content_filter",
+}
+
+
+class _Call:
+    __slots__ = ("call_id", "key", "pending", "started")
+
+    def __init__(self, key: int, call_id: str | None) -> None:
+        self.key = key
+        self.call_id = call_id
+        self.started = False
+        self.pending: list[str] = []  # argument pieces that arrived before the name
+
+
+class ChatStreamTranslator:
+    """Feed each parsed chunk to :meth:`feed`; call :meth:`end` once the stream is over."""
+
+    __slots__ = ("_by_index", "_calls", "_finish", "_usage")
+
+    def __init__(self) -> None:
+        self._by_index: dict[Any, _Call] = {}  # the provider's tool-call index → the current call
+        self._calls = 0  # calls seen; also the next delta key
+        self._finish: FinishReason | None = None
+        self._usage: Usage | None = None
+
+    def feed(self, chunk: dict[str, Any]) -> list[Delta]:
+        """The deltas in one chunk. Raises ``UpstreamError`` for an in-stream error chunk."""
+        if chunk.get("error"):
+            raise _stream_error(chunk)
+        usage = chunk.get("usage")
+        if usage:
+            self._usage = _usage(usage)
+        choices = chunk.get("choices")
+        if not choices:
+            return []
+        out: list[Delta] = []
+        for choice in choices:
+            if choice.get("index", 0) != 0:
+                continue  # n > 1 is not requested; ignore any other choice
+            delta = choice.get("delta") or choice.get("message")
+            if delta:
+                self._delta(delta, out)
+            reason = choice.get("finish_reason")
+            if reason:
+                if reason == "error":
+                    raise UpstreamError("The upstream provider failed while generating.", retryable=True)
+                self._finish = _FINISH.get(reason, "stop")
+        return out
+
+    def end(self, *, done: bool) -> list[Delta]:
+        """The held usage and finish. ``done``: the stream ended with ``[DONE]``.
+
+        Raises ``UpstreamError`` when the stream stopped with neither ``[DONE]`` nor a finish reason.
+        """
+        finish = self._finish
+        if finish is None:
+            if not done:
+                raise UpstreamError("upstream stream ended early", retryable=False)
+            finish = "stop"
+        if finish == "stop" and self._calls:
+            finish = "tool_calls"  # some servers (Ollama, llama.cpp) say "stop" after tool calls
+        out: list[Delta] = []
+        if self._usage is not None:
+            out.append(self._usage)
+        out.append(Finish(finish))
+        return out
+
+    # -- internals ---------------------------------------------------------------------------
+    def _delta(self, delta: dict[str, Any], out: list[Delta]) -> None:
+        # vLLM/DeepSeek say "reasoning_content", OpenRouter/Ollama "reasoning"; some send both.
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        if reasoning and isinstance(reasoning, str):
+            out.append(ReasoningDelta(reasoning))
+        content = delta.get("content")
+        if content and isinstance(content, str):
+            out.append(TextDelta(content))
+        refusal = delta.get("refusal")
+        if refusal and isinstance(refusal, str):
+            out.append(RefusalDelta(refusal))
+        tool_calls = delta.get("tool_calls")
+        if tool_calls:
+            for position, tc in enumerate(tool_calls):
+                self._tool_call(tc, position, out)
+
+    def _tool_call(self, tc: dict[str, Any], position: int, out: list[Delta]) -> None:
+        index = tc.get("index")
+        call_id = tc.get("id") or None
+        fn = tc.get("function") or {}
+        name = fn.get("name")
+        args = fn.get("arguments")
+        if index is None:  # some servers omit the index: fall back to the id, then the position
+            index = call_id if call_id is not None else ("pos", position)
+        call = self._by_index.get(index)
+        # A new id under a known index (servers that reuse index 0 for parallel calls) is a new call.
+        if call is None or (call_id is not None and call.call_id is not None and call_id != call.call_id):
+            call = _Call(self._calls, call_id)
+            self._calls += 1
+            self._by_index[index] = call
+        elif call.call_id is None and call_id is not None:
+            call.call_id = call_id
+        if not call.started and name:
+            call.started = True
+            out.append(ToolCallStart(call.key, name, call.call_id))
+            if call.pending:
+                out.append(ToolCallArgsDelta(call.key, "".join(call.pending)))
+                call.pending = []
+        if args and isinstance(args, str):
+            if call.started:
+                out.append(ToolCallArgsDelta(call.key, args))
+            else:
+                call.pending.append(args)
+        elif args and isinstance(args, dict):  # a few servers send parsed arguments
+            piece = orjson.dumps(args).decode()
+            if call.started:
+                out.append(ToolCallArgsDelta(call.key, piece))
+            else:
+                call.pending.append(piece)
+
+
+def _usage(u: dict[str, Any]) -> Usage:
+    prompt_details = u.get("prompt_tokens_details") or {}
+    completion_details = u.get("completion_tokens_details") or {}
+    cached = prompt_details.get("cached_tokens") or u.get("prompt_cache_hit_tokens") or 0
+    return Usage(
+        input_tokens=int(u.get("prompt_tokens") or 0),
+        output_tokens=int(u.get("completion_tokens") or 0),
+        cached_tokens=int(cached),
+        reasoning_tokens=int(completion_details.get("reasoning_tokens") or 0),
+    )
+
+
+def _stream_error(chunk: dict[str, Any]) -> UpstreamError:
+    err = chunk.get("error")
+    status = err.get("code") if isinstance(err, dict) else None
+    retryable = isinstance(status, int) and (status == 429 or status >= 500)
+    return UpstreamError(
+        "The upstream provider reported an error during generation.",
+        retryable=retryable,
+        code=error_code_from_body(chunk),
+        upstream_status=status if isinstance(status, int) else None,
+    )
