@@ -1,0 +1,285 @@
+"""Pure request translation: a normalized ``UpstreamRequest`` → an Anthropic Messages API body.
+
+System and developer text goes to ``system``; tool outputs become ``tool_result`` blocks of a user
+turn; consecutive same-role turns are merged, as the API requires. Reasoning items come back as
+``thinking`` blocks only when they carry a signature (``encrypted_content``): unsigned thinking is
+rejected by the API, so it is dropped.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+import orjson
+
+from adapters.base import UpstreamRequest
+from gateway.errors import UpstreamRejected
+
+__all__ = ["REDACTED_PREFIX", "build_body", "build_messages", "build_tools", "thinking_budget"]
+
+REDACTED_PREFIX = "redacted_thinking:"  # marks encrypted_content that holds a redacted_thinking block
+_EFFORT_BUDGET = {"minimal": 1024, "low": 2048, "medium": 8192, "high": 24576, "xhigh": 32768}
+_MIN_BUDGET = 1024  # the API's minimum thinking budget
+_DOC_TYPES = {"application/pdf": "base64", "text/plain": "text"}
+
+
+def build_body(req: UpstreamRequest, *, default_max_tokens: int) -> dict[str, Any]:
+    """The streamed ``POST /v1/messages`` body for ``req``."""
+    system, messages = build_messages(req)
+    max_tokens = req.max_output_tokens or default_max_tokens
+    body: dict[str, Any] = {"model": req.model, "max_tokens": max_tokens, "messages": messages}
+    hint = _format_hint(req.text_format)
+    if hint:
+        system = f"{system}\n\n{hint}" if system else hint
+    if system:
+        body["system"] = system
+    budget = thinking_budget(req.reasoning, max_tokens)
+    if budget is not None:
+        body["thinking"] = {"type": "enabled", "budget_tokens": budget}
+    tools, choice = build_tools(req, thinking=budget is not None)
+    if tools:
+        body["tools"] = tools
+        if choice is not None:
+            body["tool_choice"] = choice
+    # Thinking requires the default sampling; newer models also refuse temperature with top_p.
+    if budget is None:
+        if req.temperature is not None:
+            body["temperature"] = min(max(req.temperature, 0.0), 1.0)
+        elif req.top_p is not None:
+            body["top_p"] = req.top_p
+    if req.safety_identifier:
+        body["metadata"] = {"user_id": req.safety_identifier}
+    body["stream"] = True
+    return body
+
+
+def thinking_budget(reasoning: dict[str, Any] | None, max_tokens: int) -> int | None:
+    """Extended-thinking budget for a ``reasoning.effort``, or None (thinking off)."""
+    effort = (reasoning or {}).get("effort")
+    if not effort or effort == "none":
+        return None
+    budget = min(_EFFORT_BUDGET.get(effort, _EFFORT_BUDGET["medium"]), max_tokens - 1)
+    return budget if budget >= _MIN_BUDGET else None
+
+
+def _format_hint(text_format: dict[str, Any] | None) -> str | None:
+    """Messages has no response-format field: JSON output is asked for in the system prompt."""
+    kind = (text_format or {}).get("type")
+    if kind == "json_object":
+        return "Respond with a single valid JSON object and nothing else."
+    if kind == "json_schema":
+        schema = orjson.dumps(text_format.get("schema") or {}).decode()  # type: ignore[union-attr]
+        return (
+            f"Respond with a single JSON object that conforms to this JSON schema, and nothing else: {schema}"
+        )
+    return None
+
+
+# -- messages ---------------------------------------------------------------------------------
+def build_messages(req: UpstreamRequest) -> tuple[str, list[dict[str, Any]]]:
+    """(system text, messages with strictly alternating roles)."""
+    system: list[str] = [req.instructions] if req.instructions else []
+    turns: list[tuple[str, list[dict[str, Any]]]] = []
+
+    def add(role: str, blocks: list[dict[str, Any]]) -> None:
+        if not blocks:
+            return
+        if turns and turns[-1][0] == role:
+            turns[-1][1].extend(blocks)
+        else:
+            turns.append((role, blocks))
+
+    for item in req.items:
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role", "user")
+            if role in ("system", "developer"):
+                text = _text_of(item.get("content"))
+                if text:
+                    system.append(text)
+            elif role == "assistant":
+                add("assistant", _assistant_blocks(item.get("content")))
+            else:
+                add("user", _user_blocks(item.get("content")))
+        elif kind == "function_call":
+            add("assistant", [_tool_use(item)])
+        elif kind == "function_call_output":
+            add("user", [_tool_result(item)])
+        elif kind == "reasoning":
+            block = _thinking(item)
+            if block is not None:
+                add("assistant", [block])
+    messages = []
+    for role, blocks in turns:
+        if role == "user":
+            # tool_result blocks must open the user turn that answers the tool_use turn
+            blocks = [b for b in blocks if b["type"] == "tool_result"] + [
+                b for b in blocks if b["type"] != "tool_result"
+            ]
+        messages.append({"role": role, "content": blocks})
+    return "\n\n".join(system), messages
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "\n".join(p.get("text") or "" for p in content or [] if "text" in p)
+
+
+def _assistant_blocks(content: Any) -> list[dict[str, Any]]:
+    blocks = []
+    for part in content or []:
+        text = part.get("text") if part.get("type") != "refusal" else part.get("refusal")
+        if text:  # the API rejects empty text blocks
+            blocks.append({"type": "text", "text": text})
+    return blocks
+
+
+def _user_blocks(content: Any) -> list[dict[str, Any]]:
+    blocks = []
+    for part in content or []:
+        kind = part.get("type")
+        if kind in ("input_text", "text", "output_text"):
+            if part.get("text"):
+                blocks.append({"type": "text", "text": part["text"]})
+        elif kind == "input_image":
+            blocks.append(_image(part))
+        elif kind == "input_file":
+            blocks.append(_document(part))
+        else:
+            raise UpstreamRejected(
+                f"This model's provider does not accept '{kind}' content.", code="unsupported_content"
+            )
+    return blocks
+
+
+def _image(part: dict[str, Any]) -> dict[str, Any]:
+    url = part.get("image_url") or ""
+    if url.startswith("data:"):
+        media_type, data = _data_url(url)
+        return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
+    if url.startswith(("http://", "https://")):
+        return {"type": "image", "source": {"type": "url", "url": url}}
+    raise UpstreamRejected(
+        "This model's provider needs images as an http(s) URL or a data URL.", code="unsupported_content"
+    )
+
+
+def _document(part: dict[str, Any]) -> dict[str, Any]:
+    url = part.get("file_url")
+    data = part.get("file_data")
+    block: dict[str, Any]
+    if data:
+        if data.startswith("data:"):
+            media_type, data = _data_url(data)
+        else:
+            media_type = "text/plain" if (part.get("filename") or "").endswith(".txt") else "application/pdf"
+        if _DOC_TYPES.get(media_type) == "text":
+            text = _b64decode(data).decode("utf-8", "replace")
+            block = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": text}}
+        elif media_type == "application/pdf":
+            block = {"type": "document", "source": {"type": "base64", "media_type": media_type, "data": data}}
+        else:
+            raise UpstreamRejected(
+                "This model's provider accepts PDF and plain-text files only.", code="unsupported_content"
+            )
+    elif url:
+        block = {"type": "document", "source": {"type": "url", "url": url}}
+    else:
+        raise UpstreamRejected(
+            "This model's provider needs file_data or file_url.", code="unsupported_content"
+        )
+    if part.get("filename"):
+        block["title"] = part["filename"]
+    return block
+
+
+def _data_url(url: str) -> tuple[str, str]:
+    head, sep, data = url.partition(",")
+    if not sep or ";base64" not in head:
+        raise UpstreamRejected("A data URL must be base64-encoded.", code="invalid_image_url")
+    return head[5:].split(";")[0] or "application/octet-stream", data
+
+
+def _b64decode(data: str) -> bytes:
+    try:
+        return base64.b64decode(data, validate=False)
+    except (binascii.Error, ValueError):
+        raise UpstreamRejected("file_data is not valid base64.", code="invalid_file_data") from None
+
+
+def _tool_use(item: dict[str, Any]) -> dict[str, Any]:
+    try:
+        args = orjson.loads(item.get("arguments") or "{}")
+    except orjson.JSONDecodeError:
+        args = {}
+    if not isinstance(args, dict):
+        args = {"value": args}  # the API needs an object; keep what the model said
+    return {"type": "tool_use", "id": item["call_id"], "name": item["name"], "input": args}
+
+
+def _tool_result(item: dict[str, Any]) -> dict[str, Any]:
+    output = item.get("output")
+    content: str | list[dict[str, Any]]
+    if output is None or isinstance(output, str):
+        content = output or ""
+    else:
+        content = _user_blocks(output)
+    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": item["call_id"]}
+    if content:
+        block["content"] = content
+    return block
+
+
+def _thinking(item: dict[str, Any]) -> dict[str, Any] | None:
+    signature = item.get("encrypted_content")
+    if not signature:
+        return None
+    if signature.startswith(REDACTED_PREFIX):
+        return {"type": "redacted_thinking", "data": signature[len(REDACTED_PREFIX) :]}
+    parts = item.get("summary") or item.get("content") or []
+    text = "".join(p.get("text") or "" for p in parts)
+    return {"type": "thinking", "thinking": text, "signature": signature}
+
+
+# -- tools ------------------------------------------------------------------------------------
+def build_tools(
+    req: UpstreamRequest, *, thinking: bool = False
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """Anthropic ``tools`` and ``tool_choice`` (None: omit). ``allowed_tools`` sends only the subset."""
+    tc = req.tool_choice
+    allowed: set[str] | None = None
+    choice: dict[str, Any] | None
+    if isinstance(tc, dict) and tc.get("type") == "function":
+        choice = {"type": "tool", "name": tc["name"]}
+    elif isinstance(tc, dict) and tc.get("type") == "allowed_tools":
+        allowed = {t.get("name") for t in tc.get("tools") or []}
+        choice = _mode(tc.get("mode") or "auto")
+    else:
+        choice = _mode(tc if isinstance(tc, str) else "auto")
+    tools = []
+    for tool in req.tools:
+        if tool.get("type", "function") != "function":
+            continue
+        if allowed is not None and tool.get("name") not in allowed:
+            continue
+        out: dict[str, Any] = {
+            "name": tool["name"],
+            "input_schema": tool.get("parameters") or {"type": "object", "properties": {}},
+        }
+        if tool.get("description"):
+            out["description"] = tool["description"]
+        tools.append(out)
+    if not tools:
+        return [], None
+    if thinking and choice["type"] in ("any", "tool"):
+        choice = {"type": "auto"}  # extended thinking only allows auto/none; the gateway still filters
+    if req.parallel_tool_calls is False and choice["type"] != "none":
+        choice["disable_parallel_tool_use"] = True
+    return tools, (None if choice == {"type": "auto"} else choice)
+
+
+def _mode(mode: str) -> dict[str, Any]:
+    return {"type": {"required": "any", "none": "none"}.get(mode, "auto")}

@@ -1,0 +1,182 @@
+"""Pure stream translation: parsed Anthropic Messages stream events → normalized deltas.
+
+Content blocks map by index: ``text`` → assistant text, ``tool_use`` → a function call (key = block
+index), ``thinking`` → a reasoning item whose summary is the thinking text and whose
+``encrypted_content`` is the signature (``redacted_thinking``: its data, prefixed). Usage and the
+finish reason are held until ``message_stop``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from adapters.anthropic.request import REDACTED_PREFIX
+from adapters.deltas import (
+    Delta,
+    Finish,
+    FinishReason,
+    ItemDone,
+    ReasoningEncrypted,
+    ReasoningSummaryDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallStart,
+    Usage,
+)
+from adapters.http import error_code_from_body
+from gateway.errors import UpstreamError, UpstreamRateLimited, UpstreamRejected
+
+__all__ = ["MessagesStreamTranslator", "stream_error"]
+
+_FINISH: dict[str, FinishReason] = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "pause_turn": "stop",
+    "tool_use": "tool_calls",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "refusal": "content_filter",
+}
+_RETRYABLE_TYPES = frozenset({"overloaded_error", "api_error", "timeout_error"})
+_REJECTED_TYPES = frozenset({"invalid_request_error", "request_too_large", "not_found_error"})
+
+
+class MessagesStreamTranslator:
+    """Feed each parsed event to :meth:`feed`; call :meth:`end` when the body is over."""
+
+    __slots__ = ("_blocks", "_calls", "_done", "_stop_reason", "_usage", "_with_args")
+
+    def __init__(self) -> None:
+        self._blocks: dict[int, str] = {}  # content block index → block type
+        self._with_args: set[int] = set()  # tool_use blocks that received argument text
+        self._calls = 0
+        self._usage: dict[str, int] = {}
+        self._stop_reason: str | None = None
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        """``message_stop`` was seen."""
+        return self._done
+
+    def feed(self, event: Mapping[str, Any]) -> list[Delta]:
+        """The deltas of one event. Raises ``UpstreamError`` for an ``error`` event."""
+        kind = event.get("type")
+        if kind == "content_block_delta":
+            return self._delta(event.get("index", 0), event.get("delta") or {})
+        if kind == "content_block_start":
+            return self._start(event.get("index", 0), event.get("content_block") or {})
+        if kind == "content_block_stop":
+            return self._stop(event.get("index", 0))
+        if kind == "message_start":
+            self._take_usage((event.get("message") or {}).get("usage"))
+            return []
+        if kind == "message_delta":
+            self._stop_reason = (event.get("delta") or {}).get("stop_reason") or self._stop_reason
+            self._take_usage(event.get("usage"))
+            return []
+        if kind == "message_stop":
+            self._done = True
+            return self._final()
+        if kind == "error":
+            raise stream_error(event.get("error"))
+        return []  # ping, unknown future events
+
+    def end(self) -> list[Delta]:
+        """Checks the stream ended with ``message_stop``; raises ``UpstreamError`` otherwise."""
+        if not self._done:
+            raise UpstreamError("The upstream stream ended before the message finished.", retryable=True)
+        return []
+
+    # -- internals ---------------------------------------------------------------------------
+    def _start(self, index: int, block: Mapping[str, Any]) -> list[Delta]:
+        kind = block.get("type") or ""
+        self._blocks[index] = kind
+        if kind == "text":
+            return [TextDelta(block["text"])] if block.get("text") else []
+        if kind == "tool_use":
+            self._calls += 1
+            out: list[Delta] = [ToolCallStart(index, block.get("name") or "", block.get("id") or None)]
+            if block.get("input"):  # a complete input (non-incremental servers)
+                self._with_args.add(index)
+                out.append(ToolCallArgsDelta(index, orjson.dumps(block["input"]).decode()))
+            return out
+        if kind == "thinking":
+            out = [ReasoningSummaryDelta(block["thinking"])] if block.get("thinking") else []
+            if block.get("signature"):
+                out.append(ReasoningEncrypted(block["signature"]))
+            return out
+        if kind == "redacted_thinking":
+            return [ReasoningEncrypted(REDACTED_PREFIX + (block.get("data") or ""))]
+        return []  # server tools and their results: nothing the deltas can carry
+
+    def _delta(self, index: int, delta: Mapping[str, Any]) -> list[Delta]:
+        kind = delta.get("type")
+        if kind == "text_delta":
+            return [TextDelta(delta["text"])] if delta.get("text") else []
+        if kind == "input_json_delta":
+            if self._blocks.get(index) != "tool_use" or not delta.get("partial_json"):
+                return []
+            self._with_args.add(index)
+            return [ToolCallArgsDelta(index, delta["partial_json"])]
+        if kind == "thinking_delta":
+            return [ReasoningSummaryDelta(delta["thinking"])] if delta.get("thinking") else []
+        if kind == "signature_delta":
+            return [ReasoningEncrypted(delta["signature"])] if delta.get("signature") else []
+        return []  # citations_delta...
+
+    def _stop(self, index: int) -> list[Delta]:
+        kind = self._blocks.get(index)
+        if kind == "tool_use" and index not in self._with_args:
+            return [ToolCallArgsDelta(index, "{}")]  # a call without parameters
+        if kind in ("thinking", "redacted_thinking"):
+            return [ItemDone()]  # the next thinking block is a new reasoning item
+        return []
+
+    def _take_usage(self, usage: Any) -> None:
+        if isinstance(usage, Mapping):
+            for key, value in usage.items():
+                if isinstance(value, int):
+                    self._usage[key] = value
+
+    def _final(self) -> list[Delta]:
+        u = self._usage
+        cache_read = u.get("cache_read_input_tokens", 0)
+        cache_write = u.get("cache_creation_input_tokens", 0)
+        out: list[Delta] = []
+        if u:
+            # Anthropic's input_tokens exclude cached ones; ours include them (OpenAI's meaning).
+            out.append(
+                Usage(
+                    input_tokens=u.get("input_tokens", 0) + cache_read + cache_write,
+                    output_tokens=u.get("output_tokens", 0),
+                    cached_tokens=cache_read,
+                    cache_write_tokens=cache_write,
+                )
+            )
+        reason = _FINISH.get(self._stop_reason or "", "stop")
+        if reason == "stop" and self._calls and self._stop_reason != "pause_turn":
+            reason = "tool_calls"
+        out.append(Finish(reason))
+        return out
+
+
+def stream_error(error: Any) -> UpstreamError:
+    """The gateway error for an in-stream ``error`` event's ``error`` object."""
+    kind = error.get("type") if isinstance(error, Mapping) else None
+    code = error_code_from_body({"error": error}) if isinstance(error, Mapping) else None
+    if kind == "rate_limit_error":
+        return UpstreamRateLimited(
+            "The upstream provider is rate limiting requests; retry later.", retryable=True
+        )
+    if kind in _REJECTED_TYPES:
+        return UpstreamRejected("The upstream provider rejected the request.", code=code)
+    if kind in ("authentication_error", "permission_error"):
+        return UpstreamError(
+            "The gateway could not authenticate with the upstream provider.", code="upstream_auth_error"
+        )
+    retryable = kind is None or kind in _RETRYABLE_TYPES
+    return UpstreamError("The upstream provider failed while generating.", retryable=retryable, code=code)

@@ -1,0 +1,142 @@
+"""Pure stream translation: parsed Gemini ``GenerateContentResponse`` chunks → normalized deltas.
+
+``thought: true`` parts are thought *summaries* (what Gemini returns with ``includeThoughts``), so
+they become ``ReasoningSummaryDelta``; a ``thoughtSignature`` becomes ``ReasoningEncrypted`` (on
+the open reasoning item, or a new one just before the part it came with). Each ``functionCall``
+part is a whole call; several in one chunk are parallel calls. Call ids come from the builder
+unless Gemini sends one. The stream has no terminal event: the last chunk has ``finishReason``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from adapters.deltas import (
+    Delta,
+    Finish,
+    FinishReason,
+    ReasoningEncrypted,
+    ReasoningSummaryDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallStart,
+    Usage,
+)
+from adapters.http import error_code_from_body
+from gateway.errors import UpstreamError, UpstreamRateLimited, UpstreamRejected
+
+__all__ = ["GeminiStreamTranslator", "stream_error"]
+
+_FINISH: dict[str, FinishReason] = {
+    "STOP": "stop",
+    "MAX_TOKENS": "length",
+    "SAFETY": "content_filter",
+    "RECITATION": "content_filter",
+    "BLOCKLIST": "content_filter",
+    "PROHIBITED_CONTENT": "content_filter",
+    "SPII": "content_filter",
+    "IMAGE_SAFETY": "content_filter",
+    "LANGUAGE": "content_filter",
+}
+_RETRYABLE_STATUSES = frozenset({"UNAVAILABLE", "INTERNAL", "DEADLINE_EXCEEDED", "ABORTED", "UNKNOWN"})
+_REJECTED_STATUSES = frozenset({"INVALID_ARGUMENT", "FAILED_PRECONDITION", "NOT_FOUND", "OUT_OF_RANGE"})
+
+
+class GeminiStreamTranslator:
+    """Feed each parsed chunk to :meth:`feed`; call :meth:`end` when the body is over."""
+
+    __slots__ = ("_calls", "_finish", "_usage")
+
+    def __init__(self) -> None:
+        self._calls = 0
+        self._finish: str | None = None
+        self._usage: Usage | None = None
+
+    def feed(self, chunk: Mapping[str, Any]) -> list[Delta]:
+        """The deltas of one chunk. Raises ``UpstreamError`` for an in-stream error object."""
+        if chunk.get("error"):
+            raise stream_error(chunk["error"])
+        usage = chunk.get("usageMetadata")
+        if isinstance(usage, Mapping):
+            self._usage = usage_from(usage)
+        candidates = chunk.get("candidates") or []
+        if not candidates:
+            if (chunk.get("promptFeedback") or {}).get("blockReason"):
+                self._finish = "SAFETY"  # the prompt itself was blocked
+            return []
+        candidate = candidates[0]
+        out: list[Delta] = []
+        for part in (candidate.get("content") or {}).get("parts") or []:
+            self._part(part, out)
+        if candidate.get("finishReason"):
+            self._finish = candidate["finishReason"]
+        return out
+
+    def end(self) -> list[Delta]:
+        """Usage and the finish reason. Raises ``UpstreamError`` if no chunk said it finished."""
+        finish = self._finish
+        if finish is None:
+            raise UpstreamError("The upstream stream ended before the response finished.", retryable=True)
+        if finish in ("MALFORMED_FUNCTION_CALL", "UNEXPECTED_TOOL_CALL", "TOO_MANY_TOOL_CALLS"):
+            raise UpstreamError(
+                "The model produced an invalid function call.", retryable=True, code="malformed_function_call"
+            )
+        reason = _FINISH.get(finish, "stop")
+        if reason == "stop" and self._calls:
+            reason = "tool_calls"
+        out: list[Delta] = [] if self._usage is None else [self._usage]
+        out.append(Finish(reason))
+        return out
+
+    # -- internals ---------------------------------------------------------------------------
+    def _part(self, part: Mapping[str, Any], out: list[Delta]) -> None:
+        signature = part.get("thoughtSignature")
+        text = part.get("text")
+        if part.get("thought"):
+            if text:
+                out.append(ReasoningSummaryDelta(text))
+            if signature:
+                out.append(ReasoningEncrypted(signature))
+            return
+        if signature:  # state for the part it comes with: a reasoning item just before it
+            out.append(ReasoningEncrypted(signature))
+        call = part.get("functionCall")
+        if isinstance(call, Mapping):
+            key = self._calls
+            self._calls += 1
+            out.append(ToolCallStart(key, call.get("name") or "", call.get("id") or None))
+            out.append(ToolCallArgsDelta(key, orjson.dumps(call.get("args") or {}).decode()))
+        elif text:
+            out.append(TextDelta(text))
+
+
+def usage_from(u: Mapping[str, Any]) -> Usage:
+    """``usageMetadata`` as a ``Usage`` delta (thoughts count as output, as OpenAI counts them)."""
+    thoughts = int(u.get("thoughtsTokenCount") or 0)
+    return Usage(
+        input_tokens=int(u.get("promptTokenCount") or 0) + int(u.get("toolUsePromptTokenCount") or 0),
+        output_tokens=int(u.get("candidatesTokenCount") or 0) + thoughts,
+        cached_tokens=int(u.get("cachedContentTokenCount") or 0),
+        reasoning_tokens=thoughts,
+    )
+
+
+def stream_error(error: Any) -> UpstreamError:
+    """The gateway error for an error object sent inside the stream."""
+    status = error.get("status") if isinstance(error, Mapping) else None
+    code = error_code_from_body({"error": error}) if isinstance(error, Mapping) else None
+    if status == "RESOURCE_EXHAUSTED":
+        return UpstreamRateLimited(
+            "The upstream provider is rate limiting requests; retry later.", retryable=True
+        )
+    if status in _REJECTED_STATUSES:
+        return UpstreamRejected("The upstream provider rejected the request.", code=code)
+    if status in ("PERMISSION_DENIED", "UNAUTHENTICATED"):
+        return UpstreamError(
+            "The gateway could not authenticate with the upstream provider.", code="upstream_auth_error"
+        )
+    retryable = status is None or status in _RETRYABLE_STATUSES
+    return UpstreamError("The upstream provider failed while generating.", retryable=retryable, code=code)
