@@ -157,6 +157,7 @@ class FakeOpenAIChat:
     def __init__(self) -> None:
         self.replies: deque[Reply] = deque()
         self.default = Reply.text("Hello!")
+        self.responder: Callable[[Any], Reply] | None = None  # used when no reply is queued
         self.requests: list[Recorded] = []
         self.disconnects = 0  # clients that went away before a streamed answer ended
         self.disconnected = asyncio.Event()
@@ -184,6 +185,7 @@ class FakeOpenAIChat:
     def reset(self) -> None:
         self.replies.clear()
         self.default = Reply.text("Hello!")
+        self.responder = None
         self.requests.clear()
         self.disconnects = 0
         self.disconnected = asyncio.Event()
@@ -208,7 +210,12 @@ class FakeOpenAIChat:
         self.requests.append(
             Recorded(scope["method"], scope["path"], headers, bytes(raw), body, scope.get("client"))
         )
-        reply = self.replies.popleft() if self.replies else self.default
+        if self.replies:
+            reply = self.replies.popleft()
+        elif self.responder is not None:
+            reply = self.responder(body)
+        else:
+            reply = self.default
 
         if reply.delay:
             await asyncio.sleep(reply.delay)
@@ -333,3 +340,52 @@ def _assemble(reply: Reply, body: Any) -> dict[str, Any]:
     if usage is not None:
         out["usage"] = usage
     return out
+
+
+def smart_reply(body: Any) -> Reply:
+    """A model-like answer derived from the request: call the first offered tool unless the last
+    message is a tool result, else echo the last user text; ``max_tokens`` caps the words sent."""
+    from adapters.mock.adapter import example_value
+
+    body = body if isinstance(body, dict) else {}
+    messages = body.get("messages") or []
+    tools = body.get("tools") or []
+    last = messages[-1] if messages else {}
+    if tools and body.get("tool_choice") != "none" and last.get("role") != "tool":
+        fn = tools[0]["function"]
+        args = orjson.dumps(example_value(fn.get("parameters") or {"type": "object"}) or {}).decode()
+        return Reply.tool_calls([(fn["name"], args, f"call_{len(messages)}")])
+    if last.get("role") == "tool":
+        text = f"The tool returned: {last.get('content')}"
+    else:
+        user = next((m for m in reversed(messages) if m.get("role") == "user"), {})
+        content = user.get("content")
+        if isinstance(content, list):
+            content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+        text = f"Hello! You said: {content or ''}"
+    words = text.split(" ")
+    limit = body.get("max_tokens") or body.get("max_completion_tokens")
+    finish = "stop"
+    if limit is not None and len(words) > limit:
+        words, finish = words[:limit], "length"
+    return Reply.text(
+        " ".join(words),
+        pieces=max(1, len(words)),
+        finish=finish,
+        usage=(len(orjson.dumps(messages)) // 4, len(words)),
+    )
+
+
+def main() -> None:
+    """``python -m tests.fakes.openai_chat PORT``: serve a smart fake on 127.0.0.1:PORT."""
+    import sys
+
+    import uvicorn
+
+    fake = FakeOpenAIChat()
+    fake.responder = smart_reply
+    uvicorn.run(fake, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

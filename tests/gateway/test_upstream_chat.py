@@ -1,0 +1,218 @@
+"""The gateway in front of a fake OpenAI-compatible upstream (a real HTTP server on loopback):
+what the upstream receives, failures before and after the first event, disconnects, limits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.fakes.openai_chat import FakeOpenAIChat, Reply, smart_reply
+from tests.gateway.test_smoke import parse_sse
+from tests.harness import ServedApp, serve_gateway
+
+
+@pytest.fixture(scope="module")
+async def fake_server() -> AsyncIterator[FakeOpenAIChat]:
+    async with FakeOpenAIChat.serve() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def fake(fake_server: FakeOpenAIChat) -> FakeOpenAIChat:
+    fake_server.reset()
+    fake_server.responder = smart_reply
+    return fake_server
+
+
+def config(fake: FakeOpenAIChat, **limits: Any) -> dict[str, Any]:
+    return {
+        "providers": {
+            "up": {
+                "kind": "openai-chat",
+                "base_url": fake.base_url,
+                "api_key": "sk-upstream-secret",
+                "timeouts": {"connect": 2, "read": 1.0, "total": 30},
+                "retry": {"attempts": 1, "backoff_base": 0.01},
+            }
+        },
+        "models": {"m": {"provider": "up", "upstream_model": "fake-llm"}},
+        "limits": limits,
+    }
+
+
+@pytest.fixture(scope="module")
+def served(fake_server: FakeOpenAIChat) -> Iterator[ServedApp]:
+    with serve_gateway(config(fake_server, max_events_per_stream=40)) as s:
+        yield s
+
+
+async def post(s: ServedApp, body: dict[str, Any], **kw: Any) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=s.base_url, timeout=20) as c:
+        return await c.post("/v1/responses", json={"model": "m", **body}, **kw)
+
+
+def events_of(r: httpx.Response) -> list[dict[str, Any]]:
+    return [orjson.loads(d) for _, d in parse_sse(r.content) if d != "[DONE]"]
+
+
+async def test_upstream_sees_the_chain_in_order(served: ServedApp, fake: FakeOpenAIChat) -> None:
+    first = (await post(served, {"input": "first question", "instructions": "sys one"})).json()
+    second = (
+        await post(
+            served,
+            {"input": "second question", "previous_response_id": first["id"], "instructions": "sys two"},
+        )
+    ).json()
+    await post(served, {"input": "third question", "previous_response_id": second["id"]})
+    msgs = [(m["role"], m["content"]) for m in fake.requests[-1].body["messages"]]
+    assert msgs == [
+        ("user", "first question"),
+        ("assistant", "Hello! You said: first question"),
+        ("user", "second question"),
+        ("assistant", "Hello! You said: second question"),
+        ("user", "third question"),
+    ]  # instructions are not inherited
+    assert fake.requests[1].body["messages"][0] == {"role": "system", "content": "sys two"}
+    assert fake.requests[0].headers["authorization"] == "Bearer sk-upstream-secret"
+    assert fake.requests[0].body["model"] == "fake-llm"
+
+
+async def test_tool_loop_through_the_upstream(served: ServedApp, fake: FakeOpenAIChat) -> None:
+    tools = [
+        {
+            "type": "function",
+            "name": "lookup",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        }
+    ]
+    call = (await post(served, {"input": "find it", "tools": tools})).json()
+    fc = call["output"][0]
+    assert fc["type"] == "function_call" and fc["name"] == "lookup" and fc["arguments"] == '{"q":"example"}'
+    done = (
+        await post(
+            served,
+            {
+                "previous_response_id": call["id"],
+                "tools": tools,
+                "input": [{"type": "function_call_output", "call_id": fc["call_id"], "output": "found"}],
+            },
+        )
+    ).json()
+    assert done["output"][0]["content"][0]["text"] == "The tool returned: found"
+    sent = fake.requests[-1].body["messages"]
+    assert sent[-2]["tool_calls"][0]["id"] == fc["call_id"]
+    assert sent[-1] == {"role": "tool", "tool_call_id": fc["call_id"], "content": "found"}
+
+
+async def test_parallel_calls_and_allowed_tools_enforced(served: ServedApp, fake: FakeOpenAIChat) -> None:
+    fake.add(Reply.tool_calls([("a", "{}", "call_a"), ("b", '{"x":1}', "call_b"), ("c", "{}", "call_c")]))
+    tools = [{"type": "function", "name": n} for n in ("a", "b", "c")]
+    r = await post(
+        served,
+        {
+            "input": "go",
+            "tools": tools,
+            "stream": True,
+            "tool_choice": {
+                "type": "allowed_tools",
+                "mode": "required",
+                "tools": [{"type": "function", "name": "b"}],
+            },
+        },
+    )
+    events = events_of(r)
+    calls = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [c["name"] for c in calls] == ["b"]  # a and c never reach the client
+    assert [t["function"]["name"] for t in fake.requests[-1].body["tools"]] == ["b"]
+    assert events[-1]["response"]["status"] == "completed"
+
+
+async def test_upstream_errors_before_the_stream_are_plain_http_errors(
+    served: ServedApp, fake: FakeOpenAIChat
+) -> None:
+    secret_body = {"error": {"message": "internal detail at http://10.1.2.3/secret", "type": "x"}}
+    fake.add(Reply.error(500, secret_body), Reply.error(500, secret_body))
+    r = await post(served, {"input": "x", "stream": True})
+    assert r.status_code == 502 and r.headers["content-type"].startswith("application/json")
+    assert r.json()["error"]["code"] == "upstream_error"
+    for leak in ("10.1.2.3", "secret", fake.base_url, "sk-upstream"):
+        assert leak not in r.text
+    assert len(fake.requests) == 2  # one retry, then the error
+    fake.add(Reply.error(429, headers={"retry-after": "0"}), Reply.error(429, headers={"retry-after": "0"}))
+    r = await post(served, {"input": "x"})
+    assert r.status_code == 429 and r.json()["error"]["type"] == "too_many_requests"
+    fake.add(Reply.error(400, {"error": {"message": "bad", "code": "context_length_exceeded"}}))
+    r = await post(served, {"input": "x"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+async def test_failure_after_the_first_event_is_error_then_failed(
+    served: ServedApp, fake: FakeOpenAIChat
+) -> None:
+    reply = Reply.text("one two three four five six", pieces=6)
+    reply.disconnect_after = 4
+    fake.add(reply)
+    r = await post(served, {"input": "x", "stream": True})
+    assert r.status_code == 200
+    events = events_of(r)
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+    assert events[-1]["response"]["error"]["code"] == "upstream_error"
+    assert r.content.endswith(b"data: [DONE]\n\n")
+
+
+async def test_read_timeout_mid_stream_fails_with_a_clear_code(
+    served: ServedApp, fake: FakeOpenAIChat
+) -> None:
+    reply = Reply.text("slow answer here", pieces=3, chunk_delay=3.0, split=None)
+    reply.chunks = reply.chunks[1:]  # the first write carries text, then the upstream stalls
+    fake.add(reply)
+    r = await post(served, {"input": "x", "stream": True})
+    assert len(fake.requests) == 1  # output was sent: no retry
+    events = events_of(r)
+    assert events[-1]["type"] == "response.failed"
+    assert events[-1]["response"]["error"]["code"] == "upstream_timeout"
+
+
+async def test_event_cap(served: ServedApp, fake: FakeOpenAIChat) -> None:
+    fake.add(Reply.text("x" * 100, pieces=100))
+    r = await post(served, {"input": "x", "stream": True})
+    events = events_of(r)
+    assert events[-1]["type"] == "response.failed"
+    assert events[-1]["response"]["error"]["code"] == "event_limit_exceeded"
+    assert len(events) < 60
+
+
+async def test_length_becomes_incomplete(served: ServedApp, fake: FakeOpenAIChat) -> None:
+    r = await post(served, {"input": "a b c d e f g h i j k l m n o p q r s t u v", "max_output_tokens": 16})
+    body = r.json()
+    assert fake.requests[-1].body["max_tokens"] == 16
+    assert body["status"] == "incomplete" and body["incomplete_details"]["reason"] == "max_output_tokens"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_client_going_away_cancels_the_upstream(
+    served: ServedApp, fake: FakeOpenAIChat, stream: bool
+) -> None:
+    fake.add(Reply.text("a b c d e f g h i j", pieces=10, chunk_delay=0.5, split=None))
+    async with httpx.AsyncClient(base_url=served.base_url, timeout=20) as c:
+        if stream:
+            async with c.stream(
+                "POST", "/v1/responses", json={"model": "m", "input": "x", "stream": True}
+            ) as r:
+                async for line in r.aiter_lines():
+                    if "output_text.delta" in line:
+                        break
+        else:
+            task = asyncio.create_task(c.post("/v1/responses", json={"model": "m", "input": "x"}))
+            await asyncio.sleep(0.8)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    gone_at = time.monotonic()
+    await asyncio.wait_for(fake.disconnected.wait(), timeout=1.5)
+    assert time.monotonic() - gone_at < 1.5
