@@ -1,0 +1,97 @@
+"""Shared bits of the compaction tests: settings with a fake upstream, windows, tampering, schema."""
+
+from __future__ import annotations
+
+import base64
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import orjson
+from jsonschema import Draft202012Validator
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
+
+from tests.fakes.openai_chat import FakeOpenAIChat
+
+SPEC = Path(__file__).resolve().parents[3] / "shared" / "spec" / "openapi-2026-04-24.json"
+TWO_TENANTS = {"api_keys": [{"key": "sk-a", "tenant": "a"}, {"key": "sk-b", "tenant": "b"}]}
+A = {"Authorization": "Bearer sk-a"}
+B = {"Authorization": "Bearer sk-b"}
+
+
+def key(n: int) -> str:
+    return base64.b64encode(bytes([n]) * 32).decode()
+
+
+def upstream_settings(fake: FakeOpenAIChat, **extra: Any) -> dict[str, Any]:
+    """Models ``m`` (default window) and ``small`` (300 tokens) on the fake Chat Completions upstream."""
+    settings: dict[str, Any] = {
+        "providers": {
+            "up": {
+                "kind": "openai-chat",
+                "base_url": fake.base_url,
+                "api_key": "sk-up",
+                "retry": {"attempts": 0},
+            }
+        },
+        "models": {"m": {"provider": "up"}, "small": {"provider": "up", "context_window": 300}},
+    }
+    settings.update(extra)
+    return settings
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": text}
+
+
+def assistant(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "assistant", "content": text}
+
+
+def conversation(turns: int) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = [{"type": "message", "role": "system", "content": "You are terse."}]
+    for n in range(turns):
+        items += [user(f"question {n}: remember code word cobalt-{n}"), assistant(f"answer {n}")]
+    return items
+
+
+def compaction_of(window: list[dict[str, Any]]) -> dict[str, Any]:
+    found = [i for i in window if i["type"] == "compaction"]
+    assert len(found) == 1, window
+    return found[0]
+
+
+def with_envelope(window: list[dict[str, Any]], envelope: str) -> list[dict[str, Any]]:
+    return [{**i, "encrypted_content": envelope} if i["type"] == "compaction" else i for i in window]
+
+
+def flip_byte(envelope: str, index: int = 20) -> str:
+    head, _, blob = envelope.rpartition(".")
+    raw = bytearray(base64.urlsafe_b64decode(blob + "=" * (-len(blob) % 4)))
+    raw[index] ^= 0x80
+    return head + "." + base64.urlsafe_b64encode(bytes(raw)).rstrip(b"=").decode()
+
+
+def sent_text(fake: FakeOpenAIChat, n: int = -1) -> str:
+    """Everything the upstream received in request ``n``, as one JSON string."""
+    return orjson.dumps(fake.requests[n].body).decode()
+
+
+@cache
+def _validator(name: str) -> Draft202012Validator | None:
+    if not SPEC.exists():
+        return None
+    doc = json.loads(SPEC.read_text())
+    resource = Resource.from_contents(doc, default_specification=DRAFT202012)
+    registry = Registry().with_resource("urn:openresponses", resource)
+    return Draft202012Validator({"$ref": f"urn:openresponses#/components/schemas/{name}"}, registry=registry)
+
+
+def assert_schema(name: str, obj: Any) -> None:
+    """Validate against a schema of the dated OpenAPI document (skipped when it is absent)."""
+    validator = _validator(name)
+    if validator is not None:
+        errors = sorted(validator.iter_errors(obj), key=str)
+        assert not errors, [e.message for e in errors[:5]]
