@@ -116,7 +116,10 @@ class Connection:
         self.metrics = metrics
         self.id = new_id("ws")
         self.cache = ConnectionCache(limits.ws_cache_entries)
-        self.queue: asyncio.Queue[Job] = asyncio.Queue(limits.ws_queue_size)
+        # Unbounded by itself: the reader admits at most one in flight + ws_queue_size waiting.
+        self.queue: asyncio.Queue[Job] = asyncio.Queue()
+        self.queue_size = limits.ws_queue_size
+        self.pending = 0  # admitted creates not yet finished (queued + in flight)
         self.frame_limit = limits.max_ws_frame_bytes
         self.deadline = asyncio.get_running_loop().time() + limits.ws_connection_seconds
         self.limit_minutes = limits.ws_connection_seconds / 60
@@ -187,16 +190,17 @@ class Connection:
                 job = PayloadTooLarge(f"The message exceeds the limit of {limit} bytes.")
             else:
                 job = text
-            try:
-                self.queue.put_nowait(job)
-            except asyncio.QueueFull:
+            if self.pending > self.queue_size:
                 err = RateLimited(
-                    f"Too many messages queued on this connection (at most {self.queue.maxsize} wait "
+                    f"Too many messages queued on this connection (at most {self.queue_size} wait "
                     "behind the response in flight); this one was dropped.",
                     code="websocket_queue_full",
                 )
                 with contextlib.suppress(WebSocketDisconnect, RuntimeError):
                     await self._send(ws_text(err.ws_envelope()))
+                continue
+            self.pending += 1
+            self.queue.put_nowait(job)
 
     # -- the worker ----------------------------------------------------------------------------
     async def _work(self) -> None:
@@ -219,6 +223,7 @@ class Connection:
                     await self._turn(job)
                 finally:
                     self.busy = False
+                    self.pending -= 1
         except WebSocketDisconnect:
             return
 
