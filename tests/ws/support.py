@@ -157,3 +157,28 @@ class SlowMock(MockAdapter):
         async for delta in super().stream(request):
             await asyncio.sleep(0.15)
             yield delta
+
+
+class FrameTap:
+    """An ASGI wrapper that keeps every client text frame of every WebSocket (what clients send)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.frames: list[dict[str, Any]] = []
+
+    @property
+    def state(self) -> Any:
+        return self.app.state
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "websocket":
+            await self.app(scope, receive, send)
+            return
+
+        async def tapped() -> dict[str, Any]:
+            message = await receive()
+            if message["type"] == "websocket.receive" and message.get("text") is not None:
+                self.frames.append(orjson.loads(message["text"]))
+            return message
+
+        await self.app(scope, tapped, send)
