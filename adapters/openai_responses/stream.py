@@ -155,7 +155,8 @@ class ResponsesStreamTranslator:
         else:
             return []  # hosted-tool calls, compaction items...: nothing the deltas can carry
         self._streamed.add(oi)
-        out.append(ItemDone())
+        if item.get("status") != "incomplete":  # an incomplete item stays open: finish() marks it
+            out.append(ItemDone())
         return out
 
     def _terminal(self, response: Mapping[str, Any]) -> list[Delta]:

@@ -386,6 +386,20 @@ def test_failures(event: dict[str, Any], cls: type[UpstreamError], retryable: bo
     assert MARKER not in repr(info.value.error_object())
 
 
+def test_an_incomplete_item_is_left_open_for_the_builder_to_mark() -> None:
+    events = [
+        {"type": "response.output_text.delta", "output_index": 0, "delta": "cut"},
+        {
+            "type": "response.output_item.done",
+            "output_index": 0,
+            "item": {"type": "message", "status": "incomplete"},
+        },
+        {"type": "response.incomplete", "response": {"incomplete_details": {"reason": "max_output_tokens"}}},
+    ]
+    events[-1]["response"]["status"] = "incomplete"
+    assert translate(events) == [TextDelta("cut"), Finish("length")]
+
+
 def test_no_terminal_event_raises() -> None:
     with pytest.raises(UpstreamError):
         translate(RECORDED[:-1])

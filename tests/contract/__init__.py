@@ -1,0 +1,1 @@
+"""Contract tests: the same scenarios over every adapter, through the real gateway."""
