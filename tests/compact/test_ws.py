@@ -1,0 +1,81 @@
+"""A compacted window on the WebSocket transport: a new chain with ``store: false`` (NOTES §8.7),
+continued from the connection cache; a tampered item is a turn-scoped error that reaches no upstream."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import orjson
+from websockets.asyncio.client import ClientConnection, connect
+
+from tests.compact.helpers import conversation, flip_byte, sent_text, upstream_settings, user, with_envelope
+from tests.fakes.openai_chat import FakeOpenAIChat, Reply
+from tests.harness import ServedApp, serve_gateway
+
+TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
+
+
+async def turn(ws: ClientConnection, **body: Any) -> list[dict[str, Any]]:
+    """Send one response.create and read to its terminal message."""
+    await ws.send(orjson.dumps({"type": "response.create", **body}).decode())
+    events: list[dict[str, Any]] = []
+    while True:
+        event = orjson.loads(await ws.recv())
+        events.append(event)
+        if event["type"] in TERMINAL:
+            return events
+
+
+async def compact(gw: ServedApp, body: dict[str, Any]) -> list[dict[str, Any]]:
+    async with httpx.AsyncClient(base_url=gw.base_url, timeout=30) as c:
+        r = await c.post("/v1/responses/compact", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()["output"]
+
+
+async def test_compacted_window_starts_a_new_store_false_chain(gateway: ServedApp) -> None:
+    window = await compact(
+        gateway,
+        {
+            "model": "mock",
+            "input": [
+                user("Remember the compaction code word: slate."),
+                {"type": "message", "role": "assistant", "content": "I will remember slate."},
+                user("Good."),
+            ],
+        },
+    )
+    async with connect(gateway.ws_url + "/v1/responses", proxy=None) as ws:
+        events = await turn(
+            ws, model="mock", store=False, input=[*window, user("What was the word?")], tools=[]
+        )
+        done = events[-1]
+        assert done["type"] == "response.completed", events[-1]
+        assert done["response"]["previous_response_id"] is None and done["response"]["store"] is False
+        assert done["response"]["output"][0]["content"][0]["text"] == "Hello! You said: What was the word?"
+        # the store:false response continues from the connection cache, summary included
+        events = await turn(
+            ws, model="mock", store=False, previous_response_id=done["response"]["id"], input="again"
+        )
+        assert events[-1]["type"] == "response.completed"
+
+
+async def test_tampered_item_on_a_websocket_is_a_turn_error_with_no_upstream_call() -> None:
+    async with FakeOpenAIChat.serve() as fake:
+        fake.add(Reply.text("WS-SUMMARY of cobalt"))
+        with serve_gateway(upstream_settings(fake, compaction={"keep_recent_items": 1})) as gw:
+            window = await compact(gw, {"model": "m", "input": conversation(3)})
+            envelope = next(i for i in window if i["type"] == "compaction")["encrypted_content"]
+            fake.reset()
+            async with connect(gw.ws_url + "/v1/responses", proxy=None) as ws:
+                bad = with_envelope(window, flip_byte(envelope))
+                events = await turn(ws, model="m", store=False, input=[*bad, user("go")])
+                assert len(events) == 1
+                assert events[0]["type"] == "error" and events[0]["status"] == 400
+                assert events[0]["error"]["code"] == "invalid_encrypted_content"
+                assert fake.requests == []
+                # the socket stays usable, and the authentic window goes through
+                events = await turn(ws, model="m", store=False, input=[*window, user("go")])
+                assert events[-1]["type"] == "response.completed"
+        assert "WS-SUMMARY of cobalt" in sent_text(fake)
