@@ -14,7 +14,7 @@ from starlette.responses import Response
 from compact.opener import Opener
 from compact.seal import Sealer
 from compact.truncation import fit_context
-from gateway.api import compact, http, ops
+from gateway.api import compact, http, ops, stored
 from gateway.api.common import error_response
 from gateway.api.ws import WebSocketHub, responses_socket
 from gateway.errors import GatewayError, InvalidRequest, NotFound, ServerError
@@ -65,6 +65,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.add_route(path, http.create_response, methods=["POST"])
         app.router.add_websocket_route(path, responses_socket)
     app.add_route("/v1/responses/compact", compact.compact_response, methods=["POST"])
+    app.add_route("/v1/responses/{response_id}", stored.get_response, methods=["GET"])
+    app.add_route("/v1/responses/{response_id}", stored.delete_response, methods=["DELETE"])
+    app.add_route("/v1/responses/{response_id}/input_items", stored.list_input_items, methods=["GET"])
     app.add_route("/v1/models", ops.list_models, methods=["GET"])
     app.add_route("/healthz", ops.healthz, methods=["GET"])
     app.add_route("/readyz", ops.readyz, methods=["GET"])
