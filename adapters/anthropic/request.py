@@ -36,6 +36,8 @@ def build_body(req: UpstreamRequest, *, default_max_tokens: int) -> dict[str, An
     if system:
         body["system"] = system
     budget = thinking_budget(req.reasoning, max_tokens)
+    if budget is not None and _unsigned_tool_turn(messages):
+        budget = None  # the API refuses thinking when the tool-use turn lacks its thinking block
     if budget is not None:
         body["thinking"] = {"type": "enabled", "budget_tokens": budget}
     tools, choice = build_tools(req, thinking=budget is not None)
@@ -53,6 +55,14 @@ def build_body(req: UpstreamRequest, *, default_max_tokens: int) -> dict[str, An
         body["metadata"] = {"user_id": req.safety_identifier}
     body["stream"] = True
     return body
+
+
+def _unsigned_tool_turn(messages: list[dict[str, Any]]) -> bool:
+    """The last assistant turn calls tools but does not start with a (signed) thinking block."""
+    last = next((m for m in reversed(messages) if m["role"] == "assistant"), None)
+    if last is None or not any(b["type"] == "tool_use" for b in last["content"]):
+        return False
+    return last["content"][0]["type"] not in ("thinking", "redacted_thinking")
 
 
 def thinking_budget(reasoning: dict[str, Any] | None, max_tokens: int) -> int | None:

@@ -220,6 +220,17 @@ def test_thinking_budget_and_its_constraints() -> None:
     assert "temperature" not in body and "tool_choice" not in body  # only auto works with thinking
 
 
+def test_thinking_is_off_when_the_tool_turn_lost_its_thinking_block() -> None:
+    items = [user("q"), call("t1"), output("t1")]
+    assert "thinking" not in build_body(req(items, reasoning={"effort": "low"}), default_max_tokens=8000)
+    signed = {"type": "reasoning", "summary": [], "encrypted_content": "SIG"}
+    body = build_body(
+        req([user("q"), signed, call("t1"), output("t1")], reasoning={"effort": "low"}),
+        default_max_tokens=8000,
+    )
+    assert body["thinking"]["type"] == "enabled"
+
+
 def test_json_format_is_asked_for_in_system() -> None:
     fmt = {"type": "json_schema", "name": "x", "schema": {"type": "object"}, "strict": True}
     body = build_body(req(instructions="be nice", text_format=fmt), default_max_tokens=10)
