@@ -12,7 +12,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -135,7 +135,7 @@ class UpstreamStream:
         while (chunk := await self.next_chunk()) is not None:
             yield chunk
 
-    async def events(self) -> AsyncIterator[SSEEvent]:
+    async def events(self) -> AsyncGenerator[SSEEvent, None]:
         """Server-sent events decoded from the body; an unterminated last event is delivered too."""
         decoder = SSEDecoder()
         try:
