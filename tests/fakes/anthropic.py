@@ -123,7 +123,9 @@ class FakeAnthropic(ScriptedFake):
             )
         ask.tools = [(t["name"], t.get("input_schema")) for t in body.get("tools") or []]
         choice = body.get("tool_choice") or {"type": "auto"}
-        ask.mode = {"any": "required", "tool": "required", "none": "none"}.get(choice.get("type"), "auto")
+        ask.mode = {"any": "required", "tool": "required", "none": "none"}.get(
+            str(choice.get("type")), "auto"
+        )
         if choice.get("type") == "tool":
             ask.forced = choice.get("name")
         return ask

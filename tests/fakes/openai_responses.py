@@ -85,9 +85,10 @@ class FakeOpenAIResponses(ScriptedFake):
                 raise Reject(400, f"Invalid value for 'input[{n}].type'.")
 
     def ask(self, body: dict[str, Any]) -> Ask:
-        items = body.get("input")
-        if isinstance(items, str):
-            items = [{"type": "message", "role": "user", "content": items}]
+        raw = body.get("input") or []
+        items: list[Any] = (
+            [{"type": "message", "role": "user", "content": raw}] if isinstance(raw, str) else raw
+        )
         ask = Ask(max_tokens=body.get("max_output_tokens"), reasoning=bool(body.get("reasoning")))
         for item in items:
             if item.get("type", "message") == "message" and item.get("role") == "user":
@@ -102,7 +103,7 @@ class FakeOpenAIResponses(ScriptedFake):
         last = items[-1] if items else {}
         if last.get("type") == "function_call_output":
             out = last.get("output")
-            ask.tool_result = out if isinstance(out, str) else " ".join(p.get("text", "") for p in out)
+            ask.tool_result = out if isinstance(out, str) else " ".join(p.get("text", "") for p in out or [])
         ask.tools = [
             (t["name"], t.get("parameters")) for t in body.get("tools") or [] if t.get("type") == "function"
         ]
