@@ -6,7 +6,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+import orjson
 
 from adapters.base import UpstreamRequest
 from gateway.auth import Authenticator, Principal
@@ -20,7 +22,9 @@ from gateway.spec.request import CreateResponseBody
 from gateway.turn import Turn, TurnResult
 from state.base import ResponseStore, StoredResponse
 
-ContextFitter = Callable[[Context, Route, str], Context]
+
+class ContextFitter(Protocol):
+    def __call__(self, ctx: Context, route: Route, truncation: str, *, reserved: int = 0) -> Context: ...
 
 
 @dataclass(slots=True)
@@ -76,7 +80,9 @@ class Gateway:
             max_depth=self.settings.state.max_chain_depth,
         )
         if self.fit_context is not None:
-            ctx = self.fit_context(ctx, route, body.truncation or "disabled")
+            # instructions and tool schemas take room in the window too
+            reserved = (len(body.instructions or "") + len(orjson.dumps(tools_echo(body)))) // 4
+            ctx = self.fit_context(ctx, route, body.truncation or "disabled", reserved=reserved)
         rid = response_id()
         resource = new_resource(body, response_id=rid, model=route.model, store=store)
         stored = None
