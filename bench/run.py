@@ -1,0 +1,519 @@
+"""Gateway benchmark: the gateway against the direct upstream, measured in the same run.
+
+Three processes on loopback (plus a fourth for a few stages): the fake Chat Completions upstream
+(``bench/upstream.py``), the gateway (``python -m gateway serve``, one uvicorn worker) routing
+models to it through the ``openai-chat`` adapter, and the load generator (``bench/load.py``), which
+sends the same load to the fake directly (the baseline) and through the gateway, interleaved in
+rounds. Figures are reported as absolute numbers and as gateway-vs-direct differences/ratios,
+because this 2-core machine is shared and noisy.
+
+    python -m bench.run            # full run, about 3 minutes
+    python -m bench.run --quick    # about 1 minute, fewer requests
+    python -m bench.run --profile  # also py-spy profiles of the gateway under load (+~30 s)
+
+Output: a table on stdout and ``bench/results/run-<UTC time>.json``. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # ``python bench/run.py``
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import orjson
+
+from bench import report
+from bench.load import cpu_seconds
+from bench.procs import (
+    ROOT,
+    LoadWorker,
+    Proc,
+    cpu_times,
+    fd_count,
+    free_port,
+    http_get,
+    machine_share,
+    proc_status,
+    start_gateway,
+    start_upstream,
+    write_config,
+)
+from bench.spy import Recorder, format_summary, summarize
+
+RESULTS = ROOT / "bench" / "results"
+PROMPT = "Say hello in one short sentence."
+SHORT_CHUNKS = 16  # content chunks of an ordinary stream
+LONG_CHUNKS = 500  # content chunks of a long stream (relayed events per second)
+AGENT_CHUNKS = 32  # content chunks of each text answer in the agent conversation
+MOCK_LONG_TEXT = "x" * (4 * LONG_CHUNKS - len("Hello! You said: "))  # mock: 4 characters per chunk
+
+GATEWAY_MODELS = {
+    "bench": "fake",  # JSON (the fake's default stream length applies if the adapter streams upstream)
+    "bench-sse": f"fake-{SHORT_CHUNKS}",
+    "bench-long": f"fake-{LONG_CHUNKS}",
+    "bench-agent": f"fake-{AGENT_CHUNKS}",
+}
+
+# Byte patterns the load generator counts (see bench/load.py).
+GW_SSE = {
+    "marker": "event: response.output_text.delta\n",
+    "events": "\nevent: ",
+    "deltas": "event: response.output_text.delta\n",
+}
+DIRECT_SSE = {"marker": '"content":"tok ', "events": "\ndata: {", "deltas": '"content":"tok '}
+
+
+@dataclass(frozen=True)
+class Stage:
+    requests: int
+    seconds: float  # cap for the first (gateway) target, over all rounds
+    rounds: int = 2
+    warmup: int = 50
+
+
+@dataclass(frozen=True)
+class Plan:
+    json_c1: Stage
+    json_c64: Stage
+    sse_c1: Stage
+    sse_c64: Stage
+    sse_long_c64: Stage
+    mock_json_c1: Stage
+    mock_json_c64: Stage
+    mock_sse_long_c64: Stage
+    info_json_c1: Stage
+    info_json_c64: Stage
+    agent_reps: int
+    agent_turns: int
+    ws_idle: int
+    profile_seconds: float
+    settle_seconds: float  # at most this long waiting for the gateway to go idle before a stage
+
+
+FULL = Plan(
+    json_c1=Stage(3000, 16, rounds=4, warmup=100),
+    json_c64=Stage(30000, 16, rounds=2, warmup=256),
+    sse_c1=Stage(2000, 14, rounds=4, warmup=50),
+    sse_c64=Stage(10000, 14, rounds=2, warmup=128),
+    sse_long_c64=Stage(2000, 16, rounds=2, warmup=64),
+    mock_json_c1=Stage(2000, 6, rounds=1, warmup=100),
+    mock_json_c64=Stage(20000, 8, rounds=1, warmup=256),
+    mock_sse_long_c64=Stage(2000, 8, rounds=1, warmup=64),
+    info_json_c1=Stage(1500, 8, rounds=2, warmup=100),
+    info_json_c64=Stage(20000, 10, rounds=2, warmup=256),
+    agent_reps=5,
+    agent_turns=20,
+    ws_idle=1000,
+    profile_seconds=8,
+    settle_seconds=5,
+)
+QUICK = Plan(
+    json_c1=Stage(800, 3, rounds=1, warmup=50),
+    json_c64=Stage(8000, 3, rounds=1, warmup=128),
+    sse_c1=Stage(500, 2, rounds=1, warmup=20),
+    sse_c64=Stage(3000, 2, rounds=1, warmup=64),
+    sse_long_c64=Stage(500, 3, rounds=1, warmup=64),
+    mock_json_c1=Stage(500, 1.5, rounds=1, warmup=50),
+    mock_json_c64=Stage(5000, 2, rounds=1, warmup=128),
+    mock_sse_long_c64=Stage(500, 2, rounds=1, warmup=64),
+    info_json_c1=Stage(0, 0),
+    info_json_c64=Stage(0, 0),
+    agent_reps=2,
+    agent_turns=20,
+    ws_idle=250,
+    profile_seconds=4,
+    settle_seconds=2,
+)
+
+
+def direct_json() -> dict[str, Any]:
+    return {"model": "fake", "messages": [{"role": "user", "content": PROMPT}]}
+
+
+def direct_sse(chunks: int) -> dict[str, Any]:
+    return {
+        "model": f"fake-{chunks}",
+        "messages": [{"role": "user", "content": PROMPT}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def gw_body(model: str, stream: bool, text: str = PROMPT) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, "input": text}
+    if stream:
+        body["stream"] = True
+    return body
+
+
+def target(
+    port: int, path: str, body: dict[str, Any], patterns: dict[str, str] | None = None
+) -> dict[str, Any]:
+    return {"port": port, "path": path, "body": body, **(patterns or {})}
+
+
+class GatewayHandle:
+    """The gateway process of one configuration, restartable on the same port."""
+
+    def __init__(self, bench: Bench, log_level: str, tag: str) -> None:
+        self.bench = bench
+        self.tag = tag
+        self.config = bench.tmp / f"gateway-{tag}.yaml"
+        write_config(self.config, bench.up_port, log_level, GATEWAY_MODELS)
+        self.log = bench.tmp / f"gateway-{tag}.log"
+        self.port = free_port()
+        self.restarts: list[dict[str, Any]] = []
+        self.proc = self._start()
+
+    def _start(self) -> Proc:
+        proc, _ = start_gateway(self.config, self.log, port=self.port)
+        self.bench.procs.append(proc)
+        return proc
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def ensure(self, stage: str) -> None:
+        """Restart the gateway if it died (something outside the benchmark may have killed it)."""
+        if self.proc.alive():
+            return
+        rc = self.proc.popen.returncode
+        tail = self.log.read_text(errors="replace")[-800:]
+        self.bench.say(f"the gateway ({self.tag}) exited with {rc} before {stage}; restarting it")
+        self.restarts.append({"before": stage, "returncode": rc, "log_tail": tail})
+        self.log = self.bench.tmp / f"gateway-{self.tag}-{len(self.restarts)}.log"
+        self.proc = self._start()
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+class Bench:
+    def __init__(self, plan: Plan, quick: bool, profile: bool, info_logs: bool) -> None:
+        self.plan = plan
+        self.quick = quick
+        self.profile = profile
+        self.info_logs = info_logs
+        self.tmp = Path(tempfile.mkdtemp(prefix="gw-bench-"))
+        self.procs: list[Proc] = []
+        self.load: LoadWorker | None = None
+        self.results: dict[str, Any] = {}
+        self.stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+        self.t0 = time.monotonic()
+        self.up_port = 0
+        self.up_pid = 0
+
+    # -- helpers -------------------------------------------------------------------------------
+    def say(self, msg: str) -> None:
+        print(f"[{time.monotonic() - self.t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    def http(
+        self,
+        name: str,
+        stage: Stage,
+        concurrency: int,
+        gw: GatewayHandle,
+        targets: dict[str, Any],
+        match: bool = True,
+    ) -> Any:
+        """One paired (or gateway-only) load stage; CPU time of gateway and upstream is measured."""
+        assert self.load is not None
+        gw.ensure(name)
+        self.settle(gw.pid, self.plan.settle_seconds)
+        self.say(f"{name}: concurrency {concurrency}, up to {stage.requests} requests / {stage.seconds:g} s")
+        cmd = {
+            "cmd": "http",
+            "concurrency": concurrency,
+            "requests": stage.requests,
+            "max_seconds": stage.seconds,
+            "rounds": stage.rounds,
+            "warmup": stage.warmup,
+            "match": match,
+            "targets": targets,
+            "pids": {"gateway": gw.pid, "upstream": self.up_pid},
+        }
+        budget = 2 * stage.seconds + 60 * stage.rounds * len(targets) + 30
+        try:
+            return self.load.run(cmd, timeout=budget)
+        except (RuntimeError, TimeoutError) as exc:
+            self.say(f"{name}: {exc}")
+            return {"error": str(exc)}
+
+    def settle(self, pid: int, limit: float) -> None:
+        """Wait (at most ``limit`` s) until the gateway is about idle: below 25% of a core over 0.25 s,
+        so one stage's leftovers (streams of abandoned requests) do not eat into the next one. (Not
+        lower: on this shared VM an idle gateway is charged 5-10% of a core.)"""
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            before = cpu_seconds(pid)
+            time.sleep(0.25)
+            if not cpu_seconds(pid) - before > 0.0625:  # also stops on nan (process gone)
+                return
+        self.say(f"the gateway is still busy after {limit:g} s; going on")
+
+    def idle_cpu(self, pid: int, seconds: float = 2.0) -> float:
+        """The gateway's CPU use while idle, in % of a core (the baseline inside every CPU figure)."""
+        before = cpu_seconds(pid)
+        time.sleep(seconds)
+        return round(100 * (cpu_seconds(pid) - before) / seconds, 1)
+
+    # -- the run -------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        try:
+            return self._run()
+        finally:
+            if self.load is not None:
+                self.load.stop()
+            for p in reversed(self.procs):
+                p.stop()
+
+    def _run(self) -> dict[str, Any]:
+        r = self.results
+        r["meta"] = self.meta()
+        cpu0 = cpu_times()
+        up, self.up_port = start_upstream(SHORT_CHUNKS)
+        self.up_pid = up.pid
+        self.procs.append(up)
+        gw = GatewayHandle(self, "warning", "main")
+        port, up_port, plan = gw.port, self.up_port, self.plan
+        self.say(f"upstream pid {up.pid} port {up_port}; gateway pid {gw.pid} port {port}")
+        self.load = LoadWorker()
+        self.procs.append(self.load.proc)
+        r["memory"] = {"gateway_start_kb": proc_status(gw.pid)}
+        r["gateway_idle_cpu_percent"] = self.idle_cpu(gw.pid, 1.0 if self.quick else 2.0)
+        chat = "/v1/chat/completions"
+
+        if not self.preflight(port):
+            r["memory"]["gateway_end_kb"] = proc_status(gw.pid)
+            return r
+
+        # 1. JSON
+        gwj = target(port, "/v1/responses", gw_body("bench", False))
+        dj = target(up_port, chat, direct_json())
+        r["json_c1"] = self.http("JSON c=1", plan.json_c1, 1, gw, {"gateway": gwj, "direct": dj})
+        r["json_c64"] = self.http("JSON c=64", plan.json_c64, 64, gw, {"gateway": gwj, "direct": dj})
+        # 2. SSE
+        gws = target(port, "/v1/responses", gw_body("bench-sse", True), GW_SSE)
+        ds = target(up_port, chat, direct_sse(SHORT_CHUNKS), DIRECT_SSE)
+        both = {"gateway": gws, "direct": ds}
+        r["sse_c1"] = self.http(f"SSE {SHORT_CHUNKS} chunks c=1", plan.sse_c1, 1, gw, both)
+        r["sse_c64"] = self.http(f"SSE {SHORT_CHUNKS} chunks c=64", plan.sse_c64, 64, gw, both)
+        gwl = target(port, "/v1/responses", gw_body("bench-long", True), GW_SSE)
+        dl = target(up_port, chat, direct_sse(LONG_CHUNKS), DIRECT_SSE)
+        both = {"gateway": gwl, "direct": dl}
+        r["sse_long_c64"] = self.http(f"SSE {LONG_CHUNKS} chunks c=64", plan.sse_long_c64, 64, gw, both)
+        # 3. the embedded mock model: gateway alone
+        mj = target(port, "/v1/responses", gw_body("mock", False))
+        ml = target(port, "/v1/responses", gw_body("mock", True, MOCK_LONG_TEXT), GW_SSE)
+        r["mock_json_c1"] = self.http("mock JSON c=1", plan.mock_json_c1, 1, gw, {"gateway": mj})
+        r["mock_json_c64"] = self.http("mock JSON c=64", plan.mock_json_c64, 64, gw, {"gateway": mj})
+        r["mock_sse_long_c64"] = self.http(
+            "mock SSE long c=64", plan.mock_sse_long_c64, 64, gw, {"gateway": ml}
+        )
+        r["memory"]["gateway_after_http_kb"] = proc_status(gw.pid)
+        r["upstream_stats"] = orjson.loads(http_get(up_port, "/stats")[1])
+
+        # 4. WebSocket (issue 4)
+        if (ROOT / "gateway" / "api" / "ws.py").exists():
+            self.websocket(gw)
+        else:
+            r["agent"] = {"skipped": "gateway/api/ws.py does not exist yet"}
+        r["memory"]["gateway_end_kb"] = proc_status(gw.pid)
+        r["memory"]["upstream_end_kb"] = proc_status(up.pid)
+        r["memory"]["load_end_kb"] = proc_status(self.load.proc.pid)
+
+        # 5. profiles (optional), on the same gateway process, after the measurements
+        if self.profile:
+            self.profiles(gw, gwj, gwl)
+        gw.stop()
+        r["gateway_restarts"] = gw.restarts
+        r["gateway_log_tail"] = gw.log.read_text(errors="replace")[-1500:]
+
+        # 6. info-level access logs (a second gateway process)
+        if self.info_logs and plan.info_json_c1.requests:
+            gwi = GatewayHandle(self, "info", "info")
+            ij = target(gwi.port, "/v1/responses", gw_body("bench", False))
+            r["info_json_c1"] = self.http(
+                "info logs: JSON c=1", plan.info_json_c1, 1, gwi, {"gateway": ij, "direct": dj}
+            )
+            r["info_json_c64"] = self.http(
+                "info logs: JSON c=64", plan.info_json_c64, 64, gwi, {"gateway": ij, "direct": dj}
+            )
+            r["info_memory_kb"] = proc_status(gwi.pid)
+            gwi.stop()
+            text = gwi.log.read_bytes()
+            r["info_log"] = {
+                "lines": text.count(b"\n"),
+                "bytes": len(text),
+                "sample": text[:400].decode(errors="replace"),
+                "restarts": gwi.restarts,
+            }
+        r["meta"]["machine_cpu_percent"] = machine_share(cpu0, cpu_times())
+        r["meta"]["seconds"] = round(time.monotonic() - self.t0, 1)
+        r["meta"]["loadavg_end"] = os.getloadavg()
+        return r
+
+    def preflight(self, port: int) -> bool:
+        """One request per route, so that a broken route is reported at once, not as a wall of errors."""
+        assert self.load is not None
+        checks = {
+            "bench (openai-chat, JSON)": target(port, "/v1/responses", gw_body("bench", False)),
+            "bench-sse (openai-chat, SSE)": target(port, "/v1/responses", gw_body("bench-sse", True), GW_SSE),
+            "mock (JSON)": target(port, "/v1/responses", gw_body("mock", False)),
+        }
+        ok = True
+        self.results["preflight"] = {}
+        for name, t in checks.items():
+            res = self.load.run(
+                {"cmd": "http", "concurrency": 1, "requests": 1, "max_seconds": 10, "targets": {"t": t}}, 60
+            )["t"]
+            good = res["requests"] == 1
+            self.results["preflight"][name] = res["statuses"]
+            if not good:
+                self.say(f"preflight: {name} failed: statuses {res['statuses']}")
+                ok = ok and not name.startswith("bench")
+        if not ok:
+            self.say("the openai-chat route does not work (is adapters/openai_chat finished?); stopping")
+        return ok
+
+    def websocket(self, gw: GatewayHandle) -> None:
+        assert self.load is not None
+        gw.ensure("websocket")
+        port = gw.port
+        r = self.results
+        p = self.plan
+        self.say(
+            f"agent conversation: {p.agent_turns} turns x {p.agent_reps} (direct, HTTP replay, WebSocket)"
+        )
+        try:
+            r["agent"] = self.load.run(
+                {
+                    "cmd": "agent",
+                    "turns": p.agent_turns,
+                    "reps": p.agent_reps,
+                    "max_seconds": 60,
+                    "direct": {"port": self.up_port, "model": f"fake-{AGENT_CHUNKS}"},
+                    "http": {"port": port, "model": "bench-agent"},
+                    "ws": {"port": port, "model": "bench-agent", "path": "/v1/responses"},
+                },
+                timeout=180,
+            )
+        except (RuntimeError, TimeoutError) as exc:
+            r["agent"] = {"error": str(exc)}
+        self.say(f"{p.ws_idle} idle WebSocket connections")
+        time.sleep(0.5)
+        gw.ensure("idle websockets")
+        gw_pid = gw.pid
+        before = proc_status(gw_pid)
+        try:
+            opened = self.load.run(
+                {"cmd": "ws_idle_open", "port": port, "count": p.ws_idle, "max_seconds": 90}, 120
+            )
+            time.sleep(1.0)  # let the server side settle
+            during = proc_status(gw_pid)
+            fds = fd_count(gw_pid)
+            closed = self.load.run({"cmd": "ws_idle_close"}, 60)
+            time.sleep(0.5)
+            r["ws_idle"] = {
+                "requested": p.ws_idle,
+                "open": opened,
+                "closed": closed,
+                "gateway_before_kb": before,
+                "gateway_during_kb": during,
+                "gateway_after_kb": proc_status(gw_pid),
+                "gateway_fds_during": fds,
+            }
+        except (RuntimeError, TimeoutError) as exc:
+            r["ws_idle"] = {"error": str(exc)}
+
+    def profiles(self, gw: GatewayHandle, gwj: dict[str, Any], gwl: dict[str, Any]) -> None:
+        assert self.load is not None
+        secs = self.plan.profile_seconds
+        out: dict[str, Any] = {}
+        for name, conc, t in (("json_c64", 64, gwj), ("json_c1", 1, gwj), ("sse_long_c64", 64, gwl)):
+            path = RESULTS / f"profile-{self.stamp}-{name}.txt"
+            stage = Stage(10**7, secs + 1, rounds=1, warmup=conc * 2)
+            self.say(f"profiling the gateway: {name} for {secs:g} s")
+            gw.ensure(f"profile {name}")
+            rec = Recorder(gw.pid, path, secs)
+            time.sleep(0.3)
+            load = self.http(f"profile {name}", stage, conc, gw, {"gateway": t})
+            err = rec.wait()
+            if not path.exists():
+                out[name] = {"error": err}
+                continue
+            summary = summarize(path.read_text())
+            out[name] = {"raw": str(path.relative_to(ROOT)), "load": load.get("gateway"), **summary}
+        self.results["profile"] = out
+
+    def meta(self) -> dict[str, Any]:
+        def git(*args: str) -> str:
+            try:
+                return subprocess.run(
+                    ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10
+                ).stdout.strip()
+            except (OSError, subprocess.TimeoutExpired):
+                return ""
+
+        return {
+            "started_utc": self.stamp,
+            "mode": "quick" if self.quick else "full",
+            "commit": git("rev-parse", "--short", "HEAD"),
+            "uncommitted_files_in_gateway_adapters": len(
+                [
+                    ln
+                    for ln in git("status", "--porcelain", "--", "gateway", "adapters", "state").splitlines()
+                    if ln
+                ]
+            ),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "loadavg_start": os.getloadavg(),
+            "chunks": {"short": SHORT_CHUNKS, "long": LONG_CHUNKS, "agent": AGENT_CHUNKS},
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="about a minute: fewer requests, no info-log run"
+    )
+    parser.add_argument("--profile", action="store_true", help="py-spy profiles of the gateway under load")
+    parser.add_argument(
+        "--no-info-logs", action="store_true", help="skip the run with info-level access logs"
+    )
+    parser.add_argument(
+        "--output", type=Path, help="JSON results file (default bench/results/run-<time>.json)"
+    )
+    args = parser.parse_args(argv)
+    bench = Bench(QUICK if args.quick else FULL, args.quick, args.profile, not args.no_info_logs)
+    results = bench.run()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = args.output or RESULTS / f"run-{bench.stamp}.json"
+    out.write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
+    print(report.render(results))
+    if "profile" in results:
+        for name, prof in results["profile"].items():
+            if "samples" in prof:
+                print()
+                print(format_summary(f"profile {name} ({prof['raw']})", prof, top=12))
+    print(f"\nresults: {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
