@@ -106,7 +106,8 @@ async def responses_socket(websocket: WebSocket) -> None:
 
 
 class Connection:
-    """One accepted socket: a reader that never blocks on turns, a FIFO, one worker."""
+    """One accepted socket: the handler's task reads every frame at once (so a disconnect is seen
+    mid-turn) into a bounded FIFO; one worker task runs the turns in order."""
 
     def __init__(self, websocket: WebSocket, gw: Gateway, principal: Principal, metrics: Metrics) -> None:
         limits = gw.settings.limits
@@ -116,8 +117,8 @@ class Connection:
         self.metrics = metrics
         self.id = new_id("ws")
         self.cache = ConnectionCache(limits.ws_cache_entries)
-        # Unbounded by itself: the reader admits at most one in flight + ws_queue_size waiting.
-        self.queue: asyncio.Queue[Job] = asyncio.Queue()
+        # A list and a future rather than an asyncio.Queue: a few KiB less per idle socket.
+        self.inbox: list[Job] = []
         self.queue_size = limits.ws_queue_size
         self.pending = 0  # admitted creates not yet finished (queued + in flight)
         self.frame_limit = limits.max_ws_frame_bytes
@@ -125,30 +126,24 @@ class Connection:
         self.limit_minutes = limits.ws_connection_seconds / 60
         self.busy = False
         self.draining = False
+        self.client_gone = False
         self.closed = False  # we have sent the close frame
+        self._wake: asyncio.Future[None] | None = None
         self._worker: asyncio.Task[None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def serve(self) -> None:
         worker = self._worker = asyncio.create_task(self._work())
-        reader = asyncio.create_task(self._read())
         try:
-            await asyncio.wait((worker, reader), return_when=asyncio.FIRST_COMPLETED)
+            await self._read()  # until the client goes, or the worker has closed the socket
         finally:
-            client_gone = reader.done()
-            # Client gone: cancelling the worker cancels the turn, whose event generator closes
-            # the adapter stream (and with it the upstream request) on the way out.
-            for task in (worker, reader):
-                task.cancel()
-            results = await asyncio.gather(worker, reader, return_exceptions=True)
-            for res in results:
-                if isinstance(res, Exception):
-                    log.error("websocket_task_failed", connection_id=self.id, error=repr(res))
+            self.client_gone = not self.closed
+            if self.client_gone:
+                # Cancelling the worker cancels the turn, whose event generator closes the adapter
+                # stream (and with it the upstream request) on the way out.
+                worker.cancel()
+            await asyncio.gather(worker, return_exceptions=True)
             self.cache.clear()
-            if not client_gone and not self.closed:
-                crashed = any(isinstance(r, Exception) for r in results)
-                code = CLOSE_INTERNAL_ERROR if crashed else CLOSE_GOING_AWAY
-                await self._close(code, "server shutting down" if code == CLOSE_GOING_AWAY else "")
 
     def begin_drain(self) -> None:
         """Shutdown: finish the in-flight turn (if any), start no other, then close with 1001."""
@@ -162,6 +157,8 @@ class Connection:
             self._worker.cancel()
 
     async def _close(self, code: int, reason: str = "") -> None:
+        if self.closed or self.client_gone:
+            return
         self.closed = True
         with contextlib.suppress(Exception):
             await self.ws.close(code, reason)
@@ -173,7 +170,6 @@ class Connection:
 
     # -- reading -------------------------------------------------------------------------------
     async def _read(self) -> None:
-        """Take every frame off the socket at once (so a disconnect is seen mid-turn) and queue it."""
         limit = self.frame_limit
         while True:
             message = await self.ws.receive()
@@ -200,20 +196,32 @@ class Connection:
                     await self._send(ws_text(err.ws_envelope()))
                 continue
             self.pending += 1
-            self.queue.put_nowait(job)
+            self.inbox.append(job)
+            if self._wake is not None and not self._wake.done():
+                self._wake.set_result(None)
+
+    async def _next(self) -> Job | None:
+        """The next admitted frame, or None once the connection has reached its age limit."""
+        while not self.inbox:
+            self._wake = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout_at(self.deadline):
+                    await self._wake
+            except TimeoutError:
+                return None
+            finally:
+                self._wake = None
+        return self.inbox.pop(0)
 
     # -- the worker ----------------------------------------------------------------------------
     async def _work(self) -> None:
         loop = asyncio.get_running_loop()
+        code = CLOSE_GOING_AWAY
         try:
             while not self.draining:
-                try:
-                    async with asyncio.timeout_at(self.deadline):
-                        job = await self.queue.get()
-                except TimeoutError:
-                    job = None
+                job = await self._next()
                 if self.draining:
-                    return
+                    break
                 if job is None or loop.time() >= self.deadline:
                     # The in-flight turn (if any) has finished; idle or not, the socket ends here.
                     await self._limit_reached()
@@ -226,6 +234,12 @@ class Connection:
                     self.pending -= 1
         except WebSocketDisconnect:
             return
+        except Exception:
+            log.exception("websocket_worker_crashed", connection_id=self.id)
+            code = CLOSE_INTERNAL_ERROR
+        finally:
+            # Drain (and cancellation by drain) ends here too: the close lets the reader finish.
+            await self._close(code, "server shutting down" if code == CLOSE_GOING_AWAY else "")
 
     async def _limit_reached(self) -> None:
         err = ConnectionLimitReached(

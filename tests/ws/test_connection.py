@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from gateway.app import create_app
 from gateway.cli import GatewayServer, uvicorn_ws_options
 from gateway.settings import Settings
-from tests.harness import ServedApp, free_port
+from tests.harness import ServedApp, free_port, serve_gateway
 from tests.ws.conftest import serve
 from tests.ws.support import (
     Slow,
@@ -155,6 +155,29 @@ async def test_queue_overflow_gets_an_envelope_and_keeps_the_socket() -> None:
         assert len(overflow) == 2
         for m in overflow:
             assert_envelope(m, 429, "websocket_queue_full")
+
+
+async def test_keepalive_pings_and_a_silent_peer_is_dropped() -> None:
+    settings = Settings()
+    options = {**uvicorn_ws_options(settings), "ws_ping_interval": 0.3, "ws_ping_timeout": 0.5}
+    with serve_gateway(settings, **options) as served:
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(
+            b"GET /v1/responses HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 101")
+        first = await asyncio.wait_for(reader.readexactly(2), 3)
+        assert first[0] == 0x89  # FIN + ping
+        await reader.readexactly(first[1] & 0x7F)
+        rest = await asyncio.wait_for(reader.read(), 5)  # never answered: the server gives up
+        assert rest[:1] == b"\x88" and int.from_bytes(rest[2:4], "big") == 1011
+        writer.close()
+        # A real client answers the pings and keeps its socket.
+        async with ws_connect(served) as ws:
+            await asyncio.sleep(1.2)
+            assert_clean_turn(await run_turn(ws, model="mock", input="still alive"))
 
 
 # -- shutdown --------------------------------------------------------------------------------------
