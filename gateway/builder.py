@@ -166,6 +166,10 @@ class ResponseBuilder:
             raise IllegalTransition(f"fail() after the response ended ({self.state.value})")
         started = self.state is ResponseState.IN_PROGRESS
         if self._item is not None:
+            if self._part is not None:  # keep what was streamed so far in the final snapshot
+                key = "refusal" if self._part_kind == "refusal" else "text"
+                self._part[key] = "".join(self._texts)
+                self._part = None
             self._item["status"] = "incomplete"
             self._item = None
         self.state = ResponseState.FAILED

@@ -175,10 +175,6 @@ class Env:
         if self.fake is not None:
             self.fake.add(*replies)
 
-    def needs_upstream(self) -> None:
-        if self.fake is None:
-            pytest.skip("the mock model cannot be scripted")
-
     @property
     def bodies(self) -> list[dict[str, Any]]:
         return [r.body for r in self.fake.requests] if self.fake is not None else []
@@ -195,7 +191,21 @@ def gateway_settings(driver: Driver, base_url: str | None) -> dict[str, Any]:
     }
 
 
-@pytest.fixture(scope="module", params=DRIVERS, ids=str)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Each scenario runs over the adapters it applies to: all of them, those behind a scriptable
+    fake upstream (``@pytest.mark.scripted``), or those with opaque reasoning state
+    (``@pytest.mark.reasoning_state``). Nothing is skipped."""
+    if "env_server" not in metafunc.fixturenames:
+        return
+    drivers = DRIVERS
+    if metafunc.definition.get_closest_marker("scripted"):
+        drivers = [d for d in DRIVERS if d.fake is not None]
+    if metafunc.definition.get_closest_marker("reasoning_state"):
+        drivers = [d for d in DRIVERS if d.fake is not None and d.state is not None]
+    metafunc.parametrize("env_server", drivers, ids=str, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
 async def env_server(request: pytest.FixtureRequest) -> AsyncIterator[Env]:
     driver: Driver = request.param
     if driver.fake is None:
@@ -331,8 +341,8 @@ async def test_single_tool_call_and_its_result_next_turn(env: Env) -> None:
         assert env.driver.results(env.bodies[-1]) == ["sunny"]
 
 
+@pytest.mark.scripted
 async def test_parallel_tool_calls_and_their_results(env: Env) -> None:
-    env.needs_upstream()
     Reply = env.driver.reply
     env.add(
         Reply.tool_calls(
@@ -369,10 +379,8 @@ async def test_image_input(env: Env) -> None:
         assert env.driver.images(env.bodies[-1]) == [PNG, "https://example.com/cat.png"]
 
 
+@pytest.mark.reasoning_state
 async def test_reasoning_round_trip(env: Env) -> None:
-    env.needs_upstream()
-    if env.driver.state is None:
-        pytest.skip(f"{env.driver.kind} has no opaque reasoning state")
     Reply = env.driver.reply
     env.add(Reply.text("Forty-two.", reasoning="Let me think.", signature="SIG-abc"))
     reasoning = {"effort": "low", "summary": "auto"}
@@ -412,13 +420,13 @@ async def test_max_output_tokens_makes_the_response_incomplete(env: Env) -> None
         assert "16" in orjson.dumps(env.bodies[-1]).decode()  # the limit went upstream
 
 
+@pytest.mark.scripted
 @pytest.mark.parametrize(
     ("status", "client_status", "code"), [(429, 429, "rate_limit_exceeded"), (500, 502, "upstream_error")]
 )
 async def test_retryable_upstream_errors_are_retried_then_fail(
     env: Env, status: int, client_status: int, code: str
 ) -> None:
-    env.needs_upstream()
     Reply = env.driver.reply
     env.add(*(Reply.error(status) for _ in range(3)))
     for stream in (False, True):
@@ -432,16 +440,16 @@ async def test_retryable_upstream_errors_are_retried_then_fail(
             env.add(*(Reply.error(status) for _ in range(3)))
 
 
+@pytest.mark.scripted
 async def test_invalid_request_upstream_is_a_400_and_not_retried(env: Env) -> None:
-    env.needs_upstream()
     env.add(env.driver.reply.error(400))
     r = await create(env, {"input": "hi"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     assert len(env.fake.requests) == 1
 
 
+@pytest.mark.scripted
 async def test_mid_stream_disconnect_fails_the_response(env: Env) -> None:
-    env.needs_upstream()
     cut = env.driver.preamble + 2
     env.add(env.driver.reply.text("Hello there, this will be cut short.", pieces=8, disconnect_after=cut))
     r = await create(env, {"input": "hi", "stream": True})
@@ -453,8 +461,8 @@ async def test_mid_stream_disconnect_fails_the_response(env: Env) -> None:
     assert len(env.fake.requests) == 1  # output was emitted: no retry
 
 
+@pytest.mark.scripted
 async def test_client_going_away_closes_the_upstream(env: Env) -> None:
-    env.needs_upstream()
     env.add(env.driver.reply.text("x " * 200, pieces=200, chunk_delay=0.02, split=None))
     async with httpx.AsyncClient(base_url=env.gateway.base_url, timeout=30) as client:
         async with client.stream(

@@ -196,6 +196,15 @@ def test_failure_at_any_point_ends_with_error_then_failed(deltas: list[Any], cut
     assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
     assert events[-1]["response"]["error"] == {"code": "upstream_error", "message": "boom"}
     assert events[-2]["error"]["message"] == "boom"
+    streamed = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    kept = "".join(
+        p.get("text", "")
+        for i in events[-1]["response"]["output"]
+        if i["type"] == "message"
+        for p in i["content"]
+        if p["type"] == "output_text"
+    )
+    assert kept == streamed  # a failed response still shows what reached the client
 
 
 def test_args_for_an_unknown_call_are_refused() -> None:
