@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncGenerator
 from typing import Any, cast
 
 import orjson
@@ -297,7 +298,10 @@ class Connection:
         dropped: int | None = None
         finished = False
         try:
-            async with contextlib.aclosing(turn.events()) as events:
+            # Closed explicitly (not left to GC) so a cancelled turn closes its adapter stream now.
+            async with contextlib.aclosing(
+                cast(AsyncGenerator[dict[str, Any], None], turn.events())
+            ) as events:
                 async for event in events:
                     if event["type"] == "error":
                         # On a WebSocket a turn gets exactly one terminal message: the reference

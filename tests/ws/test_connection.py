@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import orjson
@@ -148,7 +149,7 @@ async def test_queue_overflow_gets_an_envelope_and_keeps_the_socket() -> None:
         async with ws_connect(served) as ws:
             for n in range(4):
                 await ws.send(create(model="slow", input=f"n{n}"))
-            messages = []
+            messages: list[dict[str, Any]] = []
             while sum(m["type"] == "response.completed" for m in messages) < 2:
                 messages.append(orjson.loads(await asyncio.wait_for(ws.recv(), 10)))
         overflow = [m for m in messages if m["type"] == "error"]
