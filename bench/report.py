@@ -326,6 +326,16 @@ def render(r: dict[str, Any]) -> str:
             t.row("RSS per idle connection (KiB)", num(per_conn_kib, 1))
             t.row("gateway fds with them open", str(idle.get("gateway_fds_during")))
 
+    busy = [k for k, v in (r.get("settle_seconds") or {}).items() if v is None]
+    if busy:
+        t.lines.append("")
+        t.lines.append(
+            "Note: the gateway was still busy (>25% of a core) with the leftovers of the previous stage "
+            f"(abandoned requests) when these began: {', '.join(busy)}."
+        )
+    for restart in r.get("gateway_restarts") or []:
+        t.lines.append(f"Note: the gateway died and was restarted before {restart['before']}.")
+
     # aims
     t.title("Aims (issue 2 / issue 4)")
     t.header("", "measured", "aim", "met")

@@ -7,9 +7,10 @@ sends the same load to the fake directly (the baseline) and through the gateway,
 rounds. Figures are reported as absolute numbers and as gateway-vs-direct differences/ratios,
 because this 2-core machine is shared and noisy.
 
-    python -m bench.run            # full run, about 3 minutes
+    python -m bench.run            # full run, about 4 minutes
     python -m bench.run --quick    # about 1 minute, fewer requests
-    python -m bench.run --profile  # also py-spy profiles of the gateway under load (+~30 s)
+    python -m bench.run --profile  # also py-spy profiles of the gateway under load (+~1 min)
+    python -m bench.run --profile-only  # only the profiles (~2 min)
 
 Output: a table on stdout and ``bench/results/run-<UTC time>.json``. See bench/README.md.
 """
@@ -17,6 +18,7 @@ Output: a table on stdout and ``bench/results/run-<UTC time>.json``. See bench/R
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import os
 import platform
@@ -102,22 +104,24 @@ class Plan:
 
 
 FULL = Plan(
-    json_c1=Stage(3000, 16, rounds=4, warmup=100),
-    json_c64=Stage(30000, 16, rounds=2, warmup=256),
-    sse_c1=Stage(2000, 14, rounds=4, warmup=50),
-    sse_c64=Stage(10000, 14, rounds=2, warmup=128),
-    sse_long_c64=Stage(2000, 16, rounds=2, warmup=64),
-    mock_json_c1=Stage(2000, 6, rounds=1, warmup=100),
-    mock_json_c64=Stage(20000, 8, rounds=1, warmup=256),
-    mock_sse_long_c64=Stage(2000, 8, rounds=1, warmup=64),
-    info_json_c1=Stage(1500, 8, rounds=2, warmup=100),
-    info_json_c64=Stage(20000, 10, rounds=2, warmup=256),
+    json_c1=Stage(3000, 10, rounds=2, warmup=100),
+    json_c64=Stage(30000, 12, rounds=2, warmup=256),
+    sse_c1=Stage(2000, 8, rounds=2, warmup=50),
+    sse_c64=Stage(10000, 10, rounds=2, warmup=128),
+    sse_long_c64=Stage(2000, 12, rounds=2, warmup=64),
+    mock_json_c1=Stage(2000, 4, rounds=1, warmup=100),
+    mock_json_c64=Stage(20000, 6, rounds=1, warmup=256),
+    mock_sse_long_c64=Stage(2000, 6, rounds=1, warmup=64),
+    info_json_c1=Stage(1500, 6, rounds=2, warmup=100),
+    info_json_c64=Stage(20000, 8, rounds=2, warmup=256),
     agent_reps=5,
     agent_turns=20,
     ws_idle=1000,
     profile_seconds=8,
-    settle_seconds=5,
+    settle_seconds=4,
 )
+
+
 QUICK = Plan(
     json_c1=Stage(800, 3, rounds=1, warmup=50),
     json_c64=Stage(8000, 3, rounds=1, warmup=128),
@@ -201,10 +205,13 @@ class GatewayHandle:
 
 
 class Bench:
-    def __init__(self, plan: Plan, quick: bool, profile: bool, info_logs: bool) -> None:
+    def __init__(
+        self, plan: Plan, quick: bool, profile: bool, info_logs: bool, profile_only: bool = False
+    ) -> None:
         self.plan = plan
         self.quick = quick
-        self.profile = profile
+        self.profile = profile or profile_only
+        self.profile_only = profile_only
         self.info_logs = info_logs
         self.tmp = Path(tempfile.mkdtemp(prefix="gw-bench-"))
         self.procs: list[Proc] = []
@@ -227,11 +234,13 @@ class Bench:
         gw: GatewayHandle,
         targets: dict[str, Any],
         match: bool = True,
+        settle: float | None = None,
     ) -> Any:
         """One paired (or gateway-only) load stage; CPU time of gateway and upstream is measured."""
         assert self.load is not None
         gw.ensure(name)
-        self.settle(gw.pid, self.plan.settle_seconds)
+        waited = self.settle(gw.pid, self.plan.settle_seconds if settle is None else settle)
+        self.results.setdefault("settle_seconds", {})[name] = waited
         self.say(f"{name}: concurrency {concurrency}, up to {stage.requests} requests / {stage.seconds:g} s")
         cmd = {
             "cmd": "http",
@@ -251,17 +260,20 @@ class Bench:
             self.say(f"{name}: {exc}")
             return {"error": str(exc)}
 
-    def settle(self, pid: int, limit: float) -> None:
+    def settle(self, pid: int, limit: float) -> float | None:
         """Wait (at most ``limit`` s) until the gateway is about idle: below 25% of a core over 0.25 s,
         so one stage's leftovers (streams of abandoned requests) do not eat into the next one. (Not
         lower: on this shared VM an idle gateway is charged 5-10% of a core.)"""
-        deadline = time.monotonic() + limit
-        while time.monotonic() < deadline:
+        if limit <= 0:
+            return 0.0
+        start = time.monotonic()
+        while time.monotonic() < start + limit:
             before = cpu_seconds(pid)
             time.sleep(0.25)
             if not cpu_seconds(pid) - before > 0.0625:  # also stops on nan (process gone)
-                return
+                return round(time.monotonic() - start, 2)
         self.say(f"the gateway is still busy after {limit:g} s; going on")
+        return None
 
     def idle_cpu(self, pid: int, seconds: float = 2.0) -> float:
         """The gateway's CPU use while idle, in % of a core (the baseline inside every CPU figure)."""
@@ -299,9 +311,28 @@ class Bench:
             r["memory"]["gateway_end_kb"] = proc_status(gw.pid)
             return r
 
-        # 1. JSON
         gwj = target(port, "/v1/responses", gw_body("bench", False))
         dj = target(up_port, chat, direct_json())
+        gwl = target(port, "/v1/responses", gw_body("bench-long", True), GW_SSE)
+        mj = target(port, "/v1/responses", gw_body("mock", False))
+        ml = target(port, "/v1/responses", gw_body("mock", True, MOCK_LONG_TEXT), GW_SSE)
+        if self.profile_only:
+            self.profiles(
+                gw,
+                {
+                    "json_c1": (1, gwj),
+                    "json_c64": (64, gwj),
+                    "sse_long_c64": (64, gwl),
+                    "mock_json_c64": (64, mj),
+                    "mock_sse_long_c64": (64, ml),
+                },
+            )
+            gw.stop()
+            r["meta"]["seconds"] = round(time.monotonic() - self.t0, 1)
+            r["meta"]["machine_cpu_percent"] = machine_share(cpu0, cpu_times())
+            return r
+
+        # 1. JSON
         r["json_c1"] = self.http("JSON c=1", plan.json_c1, 1, gw, {"gateway": gwj, "direct": dj})
         r["json_c64"] = self.http("JSON c=64", plan.json_c64, 64, gw, {"gateway": gwj, "direct": dj})
         # 2. SSE
@@ -310,13 +341,10 @@ class Bench:
         both = {"gateway": gws, "direct": ds}
         r["sse_c1"] = self.http(f"SSE {SHORT_CHUNKS} chunks c=1", plan.sse_c1, 1, gw, both)
         r["sse_c64"] = self.http(f"SSE {SHORT_CHUNKS} chunks c=64", plan.sse_c64, 64, gw, both)
-        gwl = target(port, "/v1/responses", gw_body("bench-long", True), GW_SSE)
         dl = target(up_port, chat, direct_sse(LONG_CHUNKS), DIRECT_SSE)
         both = {"gateway": gwl, "direct": dl}
         r["sse_long_c64"] = self.http(f"SSE {LONG_CHUNKS} chunks c=64", plan.sse_long_c64, 64, gw, both)
         # 3. the embedded mock model: gateway alone
-        mj = target(port, "/v1/responses", gw_body("mock", False))
-        ml = target(port, "/v1/responses", gw_body("mock", True, MOCK_LONG_TEXT), GW_SSE)
         r["mock_json_c1"] = self.http("mock JSON c=1", plan.mock_json_c1, 1, gw, {"gateway": mj})
         r["mock_json_c64"] = self.http("mock JSON c=64", plan.mock_json_c64, 64, gw, {"gateway": mj})
         r["mock_sse_long_c64"] = self.http(
@@ -336,7 +364,7 @@ class Bench:
 
         # 5. profiles (optional), on the same gateway process, after the measurements
         if self.profile:
-            self.profiles(gw, gwj, gwl)
+            self.profiles(gw, {"json_c64": (64, gwj), "json_c1": (1, gwj), "sse_long_c64": (64, gwl)})
         gw.stop()
         r["gateway_restarts"] = gw.restarts
         r["gateway_log_tail"] = gw.log.read_text(errors="replace")[-1500:]
@@ -438,18 +466,20 @@ class Bench:
         except (RuntimeError, TimeoutError) as exc:
             r["ws_idle"] = {"error": str(exc)}
 
-    def profiles(self, gw: GatewayHandle, gwj: dict[str, Any], gwl: dict[str, Any]) -> None:
+    def profiles(self, gw: GatewayHandle, stages: dict[str, tuple[int, dict[str, Any]]]) -> None:
+        """py-spy on the gateway during each stage (name: (concurrency, target))."""
         assert self.load is not None
         secs = self.plan.profile_seconds
         out: dict[str, Any] = {}
-        for name, conc, t in (("json_c64", 64, gwj), ("json_c1", 1, gwj), ("sse_long_c64", 64, gwl)):
+        for name, (conc, t) in stages.items():
             path = RESULTS / f"profile-{self.stamp}-{name}.txt"
             stage = Stage(10**7, secs + 1, rounds=1, warmup=conc * 2)
             self.say(f"profiling the gateway: {name} for {secs:g} s")
             gw.ensure(f"profile {name}")
+            self.settle(gw.pid, 15)  # leftovers of earlier stages must not be in the profile
             rec = Recorder(gw.pid, path, secs)
             time.sleep(0.3)
-            load = self.http(f"profile {name}", stage, conc, gw, {"gateway": t})
+            load = self.http(f"profile {name}", stage, conc, gw, {"gateway": t}, settle=0)
             err = rec.wait()
             if not path.exists():
                 out[name] = {"error": err}
@@ -494,13 +524,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--profile", action="store_true", help="py-spy profiles of the gateway under load")
     parser.add_argument(
+        "--profile-only",
+        action="store_true",
+        help="only the profiles (openai-chat JSON c=1/c=64, SSE c=64, mock JSON/SSE c=64), 12 s each",
+    )
+    parser.add_argument(
         "--no-info-logs", action="store_true", help="skip the run with info-level access logs"
     )
     parser.add_argument(
         "--output", type=Path, help="JSON results file (default bench/results/run-<time>.json)"
     )
     args = parser.parse_args(argv)
-    bench = Bench(QUICK if args.quick else FULL, args.quick, args.profile, not args.no_info_logs)
+    plan = QUICK if args.quick else FULL
+    if args.profile_only:
+        plan = dataclasses.replace(plan, profile_seconds=12)
+    bench = Bench(plan, args.quick, args.profile, not args.no_info_logs, args.profile_only)
     results = bench.run()
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = args.output or RESULTS / f"run-{bench.stamp}.json"
