@@ -407,14 +407,14 @@ async def cmd_http(cmd: dict[str, Any]) -> dict[str, Any]:
             p.events += s.events
             p.deltas += s.deltas
             p.errors += s.errors
-            for k, v in s.statuses.items():
-                p.statuses[k] = p.statuses.get(k, 0) + v
+            for status, n in s.statuses.items():
+                p.statuses[status] = p.statuses.get(status, 0) + n
             p.wall += s.wall
             p.time_capped |= s.time_capped
             p.abandoned += s.abandoned
             p.reconnects += s.reconnects
-            for k, v in s.cpu.items():
-                p.cpu[k] = p.cpu.get(k, 0.0) + v
+            for proc, seconds in s.cpu.items():
+                p.cpu[proc] = p.cpu.get(proc, 0.0) + seconds
     return {name: s.summary() for name, s in pooled.items()}
 
 

@@ -241,7 +241,7 @@ def render(r: dict[str, Any]) -> str:
 
     agent = r.get("agent")
     ws_added_med = http_added_med = None
-    ws_bytes: list[int] = []
+    ws_bytes: list[float] = []
     if agent:
         t.title("Agent conversation: WebSocket + previous_response_id vs HTTP replaying the history (SSE)")
         if "skipped" in agent or "error" in agent:
