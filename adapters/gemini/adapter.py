@@ -2,77 +2,38 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import aclosing
-
-import httpx
-import orjson
+from collections.abc import Iterator
+from typing import Any
 
 from adapters.base import UpstreamRequest
 from adapters.deltas import Delta
 from adapters.gemini.request import build_body, model_path
 from adapters.gemini.stream import GeminiStreamTranslator
-from adapters.http import create_client, open_stream
-from gateway.errors import UpstreamError
-from gateway.settings import ProviderSettings
+from adapters.streaming import HTTPStreamAdapter
 
 __all__ = ["GeminiAdapter"]
 
 
-class GeminiAdapter:
-    """Streams deltas from the Gemini API (Generative Language API, ``x-goog-api-key``).
+class GeminiAdapter(HTTPStreamAdapter[GeminiStreamTranslator]):
+    """Streams deltas from the Gemini API (Generative Language API, ``x-goog-api-key``)."""
 
-    ``client`` lets a caller share or inject an ``httpx.AsyncClient``; by default the adapter owns
-    one pooled client (closed by :meth:`aclose`).
-    """
+    json_reply = True
 
-    def __init__(self, settings: ProviderSettings, *, client: httpx.AsyncClient | None = None) -> None:
-        self.settings = settings
-        self._client = client if client is not None else create_client(settings)
-        self._owns_client = client is None
-        self._base = settings.resolved_base_url()
-        headers = {"accept": "text/event-stream"}
-        key = settings.resolved_api_key()
-        if key:
-            headers["x-goog-api-key"] = key
-        headers.update(settings.headers)
-        self._headers = headers
+    def provider_headers(self, key: str | None) -> dict[str, str]:
+        return {"x-goog-api-key": key} if key else {}
 
-    async def stream(self, request: UpstreamRequest) -> AsyncIterator[Delta]:
-        """Send ``request``; yield its deltas. Raises ``UpstreamError`` (and subclasses)."""
-        translator = GeminiStreamTranslator()
-        url = f"{self._base}/{model_path(request.model)}:streamGenerateContent?alt=sse"
-        async with open_stream(
-            self._client,
-            "POST",
-            url,
-            json_body=build_body(request),
-            headers=self._headers,
-            total_timeout=self.settings.timeouts.total,
-        ) as upstream:
-            if upstream.headers.get("content-type", "").startswith("application/json"):
-                # Without alt=sse (some proxies) the stream is one JSON array of chunks.
-                whole = await upstream.read_json()
-                for chunk in whole if isinstance(whole, list) else [whole]:
-                    if isinstance(chunk, dict):
-                        for delta in translator.feed(chunk):
-                            yield delta
-            else:
-                async with aclosing(upstream.events()) as events:
-                    async for event in events:
-                        if not event.data:
-                            continue
-                        try:
-                            chunk = orjson.loads(event.data)
-                        except orjson.JSONDecodeError:
-                            raise UpstreamError("The upstream provider sent malformed stream data.") from None
-                        if isinstance(chunk, dict):
-                            for delta in translator.feed(chunk):
-                                yield delta
-        for delta in translator.end():
-            yield delta
+    def url(self, request: UpstreamRequest) -> str:
+        return f"{self._base}/{model_path(request.model)}:streamGenerateContent?alt=sse"
 
-    async def aclose(self) -> None:
-        """Close the connection pool (when the adapter owns it)."""
-        if self._owns_client:
-            await self._client.aclose()
+    def body(self, request: UpstreamRequest) -> dict[str, Any]:
+        return build_body(request)
+
+    def translator(self) -> GeminiStreamTranslator:
+        return GeminiStreamTranslator()
+
+    def whole(self, translator: GeminiStreamTranslator, body: Any) -> Iterator[Delta]:
+        # Without alt=sse (some proxies) the stream is one JSON array of chunks.
+        for chunk in body if isinstance(body, list) else [body]:
+            if isinstance(chunk, dict):
+                yield from translator.feed(chunk)
+        yield from translator.end()

@@ -49,6 +49,7 @@ class GeminiStreamTranslator:
     """Feed each parsed chunk to :meth:`feed`; call :meth:`end` when the body is over."""
 
     __slots__ = ("_calls", "_finish", "_usage")
+    done = False  # no terminal event: the body's end is the stream's end
 
     def __init__(self) -> None:
         self._calls = 0

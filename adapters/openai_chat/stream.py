@@ -56,6 +56,7 @@ class ChatStreamTranslator:
     """Feed each parsed chunk to :meth:`feed`; call :meth:`end` once the stream is over."""
 
     __slots__ = ("_by_index", "_calls", "_finish", "_usage")
+    done = False  # no terminal chunk: the adapter sees the stream's end ([DONE]) and tells end()
 
     def __init__(self) -> None:
         self._by_index: dict[Any, _Call] = {}  # the provider's tool-call index → the current call
@@ -87,7 +88,7 @@ class ChatStreamTranslator:
                 self._finish = _FINISH.get(reason, "stop")
         return out
 
-    def end(self, *, done: bool) -> list[Delta]:
+    def end(self, *, done: bool = False) -> list[Delta]:
         """The held usage and finish. ``done``: the stream ended with ``[DONE]``.
 
         Raises ``UpstreamError`` when the stream stopped with neither ``[DONE]`` nor a finish reason.

@@ -1,0 +1,146 @@
+"""The shell every HTTP provider adapter shares: the pooled client, the request headers, one
+streamed POST, and the loop that JSON-decodes each server-sent event into the provider's pure
+stream translator. A provider states only what differs: its URL, auth headers, body and translator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from contextlib import aclosing
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
+
+import httpx
+import orjson
+
+from adapters.base import UpstreamRequest
+from adapters.deltas import Delta
+from adapters.http import create_client, open_stream
+from gateway.errors import UpstreamError
+from gateway.settings import ProviderSettings
+
+__all__ = ["HTTPStreamAdapter", "StreamTranslator", "json_object"]
+
+
+class StreamTranslator(Protocol):
+    """A provider's pure stream translator (``adapters/*/stream.py``)."""
+
+    @property
+    def done(self) -> bool:
+        """The provider's terminal event was seen: nothing more will come (always False for
+        providers whose stream has no terminal event)."""
+        ...
+
+    def feed(self, chunk: dict[str, Any], /) -> list[Delta]: ...
+
+    def end(self) -> list[Delta]: ...
+
+
+T = TypeVar("T", bound=StreamTranslator)
+
+
+class HTTPStreamAdapter(Generic[T]):
+    """One streamed ``POST`` per generation; yields the translator's deltas.
+
+    ``client`` lets a caller share or inject an ``httpx.AsyncClient``; by default the adapter owns
+    one pooled client (closed by :meth:`aclose`). A subclass sets ``path`` (or overrides
+    :meth:`url`) and implements :meth:`body` and :meth:`translator`; the class flags and the
+    remaining hooks cover what only some providers do.
+    """
+
+    path: ClassVar[str] = ""  # appended to the base URL
+    done_marker: ClassVar[bool] = False  # ``data: [DONE]`` ends the stream (OpenAI's convention)
+    named_events: ClassVar[bool] = False  # data without a "type" takes the SSE event name
+    json_reply: ClassVar[bool] = False  # a 200 JSON body (a server that did not stream) goes to whole()
+
+    def __init__(self, settings: ProviderSettings, *, client: httpx.AsyncClient | None = None) -> None:
+        self.settings = settings
+        self._client = client if client is not None else create_client(settings)
+        self._owns_client = client is None
+        self._base = settings.resolved_base_url()
+        self._url = self._base + self.path
+        self._headers = {
+            "accept": "text/event-stream",
+            **self.provider_headers(settings.resolved_api_key()),
+            **settings.headers,
+        }
+
+    # -- what a provider states --------------------------------------------------------------
+    def provider_headers(self, key: str | None) -> dict[str, str]:
+        """Auth (and any other provider-fixed) headers; the default is a bearer token."""
+        return {"authorization": f"Bearer {key}"} if key else {}
+
+    def url(self, request: UpstreamRequest) -> str:
+        return self._url
+
+    def body(self, request: UpstreamRequest) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def translator(self) -> T:
+        raise NotImplementedError
+
+    def whole(self, translator: T, body: Any) -> Iterable[Delta]:
+        """All deltas (the final ones too) of a JSON body that answered the streamed request."""
+        raise NotImplementedError
+
+    def finish(self, translator: T, ended: bool) -> list[Delta]:
+        """The deltas held to the end. ``ended``: the stream said it was over ([DONE] or a
+        terminal event) rather than just stopping."""
+        return translator.end()
+
+    # -- the shell -----------------------------------------------------------------------------
+    async def stream(self, request: UpstreamRequest) -> AsyncIterator[Delta]:
+        """Send ``request``; yield its deltas. Raises ``UpstreamError`` (and subclasses)."""
+        translator = self.translator()
+        async with open_stream(
+            self._client,
+            "POST",
+            self.url(request),
+            json_body=self.body(request),
+            headers=self._headers,
+            total_timeout=self.settings.timeouts.total,
+        ) as upstream:
+            if self.json_reply and upstream.headers.get("content-type", "").startswith("application/json"):
+                for delta in self.whole(translator, await upstream.read_json()):
+                    yield delta
+                return
+            ended = False
+            feed = translator.feed
+            done_marker = self.done_marker
+            named_events = self.named_events
+            async with aclosing(upstream.events()) as events:
+                async for event in events:
+                    data = event.data
+                    if not data:
+                        continue
+                    if done_marker and data == "[DONE]":
+                        ended = True
+                        break
+                    try:
+                        chunk = orjson.loads(data)
+                    except orjson.JSONDecodeError:
+                        raise UpstreamError("The upstream provider sent malformed stream data.") from None
+                    if not isinstance(chunk, dict):
+                        continue
+                    if named_events and "type" not in chunk and event.event:
+                        chunk["type"] = event.event
+                    for delta in feed(chunk):
+                        yield delta
+                    if translator.done:
+                        ended = True
+                        break
+            if ended:
+                await upstream.drain()  # the body's end is normally right behind: reuse the socket
+        for delta in self.finish(translator, ended):
+            yield delta
+
+    async def aclose(self) -> None:
+        """Close the connection pool (when the adapter owns it)."""
+        if self._owns_client:
+            await self._client.aclose()
+
+
+def json_object(body: Any) -> dict[str, Any]:
+    """``body`` if it is a JSON object; ``UpstreamError`` otherwise."""
+    if not isinstance(body, dict):
+        raise UpstreamError("The upstream provider sent a malformed response.")
+    return body
