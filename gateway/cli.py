@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import socket
 import sys
 from typing import Any
@@ -46,7 +47,13 @@ class GatewayServer(uvicorn.Server):
             server.close()
         for sock in sockets or []:
             sock.close()
-        await self.gateway_app.state.ws_hub.drain(self.drain_seconds)
+        hub = self.gateway_app.state.ws_hub
+        drain = asyncio.ensure_future(hub.drain(self.drain_seconds))
+        while not drain.done() and not self.force_exit:  # a second Ctrl-C cuts the drain short
+            await asyncio.wait((drain,), timeout=0.1)
+        if not drain.done():
+            await hub.drain(0)
+            drain.cancel()
         await super().shutdown(sockets)
 
 
