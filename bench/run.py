@@ -22,6 +22,7 @@ import dataclasses
 import datetime as dt
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -290,6 +291,7 @@ class Bench:
                 self.load.stop()
             for p in reversed(self.procs):
                 p.stop()
+            shutil.rmtree(self.tmp, ignore_errors=True)  # configs and logs (their tails are in the results)
 
     def _run(self) -> dict[str, Any]:
         r = self.results
