@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -10,6 +11,7 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from compact.opener import Opener
 from compact.seal import Sealer
@@ -37,6 +39,28 @@ def build_gateway(settings: Settings) -> Gateway:
     )
 
 
+HOT_PATHS = frozenset({"/v1/responses", "/v1/codex/responses"})
+
+
+class GatewayApp(FastAPI):
+    """FastAPI for every route, except ``POST /v1/responses``: the hot path goes straight to its
+    ASGI handler, skipping the middleware stack's per-``send`` wrappers (each SSE event is a send)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in HOT_PATHS:
+            scope["app"] = self
+            try:
+                await http.create_response(scope, receive, send)
+            except Exception:
+                log.exception("unhandled_error", path=scope["path"])
+                with contextlib.suppress(Exception):  # the response may have started already
+                    await error_response(ServerError("The gateway hit an unexpected error."))(
+                        scope, receive, send
+                    )
+            return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or load_settings()
 
@@ -55,14 +79,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await app.state.ws_hub.drain(0)  # normally done already (GatewayServer); cut what is left
             await gateway.aclose()
 
-    app = FastAPI(
+    app = GatewayApp(
         title="Open Responses gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.settings = settings
     app.state.metrics = Metrics()
     app.state.ws_hub = WebSocketHub()
     for path in ("/v1/responses", "/v1/codex/responses"):
-        app.add_route(path, http.create_response, methods=["POST"])
         app.router.add_websocket_route(path, responses_socket)
     app.add_route("/v1/responses/compact", compact.compact_response, methods=["POST"])
     app.add_route("/v1/responses/{response_id}", stored.get_response, methods=["GET"])

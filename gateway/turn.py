@@ -179,7 +179,8 @@ class Turn:
                 yield ev
         finally:
             await self.close()
-            self.result.status = b.resource["status"]
+            status = b.resource["status"]
+            self.result.status = "cancelled" if status == "in_progress" else status  # the client left
             self.result.usage = b.resource.get("usage")
             self.result.output = b.resource["output"]
             if self._on_done is not None:

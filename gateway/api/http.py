@@ -1,15 +1,20 @@
-"""POST /v1/responses over HTTP: parse, authenticate, prepare the turn, then encode as JSON or SSE."""
+"""POST /v1/responses over HTTP: parse, authenticate, prepare the turn, then encode as JSON or SSE.
+
+Served as a plain ASGI handler (``gateway/app.py`` dispatches to it before FastAPI's middleware
+stack): it is the hot path, and each SSE event is one ``send``. One DisconnectWatch covers the
+whole request after the body is read, so a client that goes away cancels the upstream call at any
+point — while waiting for the first token, mid-stream, or while a JSON answer is drained.
+"""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-from typing import Any
+from contextlib import aclosing
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from gateway.api.common import RequestLog, error_response, read_body
+from gateway.api.disconnect import DisconnectWatch
 from gateway.encode import SSE_DONE, json_bytes, sse_frame
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.service import Gateway, Prepared
@@ -17,14 +22,19 @@ from gateway.spec.request import CreateResponseBody
 from gateway.turn import TurnResult
 from gateway.validate import parse_json, parse_model
 
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+_JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
-async def create_response(request: Request) -> Response:
+async def create_response(scope: Scope, receive: Receive, send: Send) -> None:
+    request = Request(scope, receive)
     gw: Gateway = request.app.state.gateway
     rlog = RequestLog(request, "http")
     headers = {"x-request-id": rlog.request_id}
-    prepared: Prepared | None = None
     try:
         principal = gw.auth.authenticate(request.headers.get("authorization"))
         rlog.fields["tenant"] = principal.tenant
@@ -35,59 +45,67 @@ async def create_response(request: Request) -> Response:
             raise InvalidRequest(
                 "Background responses are not supported.", param="background", code="unsupported_parameter"
             )
-        prepared = await gw.prepare(body, principal, on_done=lambda r: _done(request, rlog, r))
-        rlog.fields["provider"] = prepared.route.provider
-        await prepared.turn.open()
     except GatewayError as err:
-        if prepared is not None:
-            await prepared.turn.close()
-        rlog.emit(err.status, error_code=err.code)
-        _observe(request, rlog, str(err.status), None)
-        return error_response(err, headers)
-    if body.stream:
-        return StreamingResponse(
-            _sse(prepared), media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
-        )
-    return await _json(request, prepared, headers)
+        await _fail(request, rlog, err, headers, scope, receive, send)
+        return
+    async with DisconnectWatch(receive) as watch:
+        prepared: Prepared | None = None
+        try:
+            prepared = await gw.prepare(body, principal, on_done=lambda r: _done(request, rlog, r))
+            rlog.fields["provider"] = prepared.route.provider
+            await prepared.turn.open()
+        except GatewayError as err:
+            if prepared is not None:
+                await prepared.turn.close()
+            await _fail(request, rlog, err, headers, scope, receive, send)
+            return
+        except BaseException:
+            if prepared is not None:
+                await prepared.turn.close()
+            raise
+        extra = [(b"x-request-id", rlog.request_id.encode())]
+        if body.stream:
+            await _stream_sse(prepared, extra, send)
+        else:
+            await _send_json(prepared, extra, send)
+    if watch.gone:
+        rlog.fields.setdefault("client_gone", True)
 
 
-async def _sse(prepared: Prepared) -> AsyncIterator[bytes]:
-    async for event in prepared.turn.events():
-        yield sse_frame(event)
-    yield SSE_DONE
+async def _stream_sse(prepared: Prepared, extra: list[tuple[bytes, bytes]], send: Send) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS + extra})
+    async with aclosing(prepared.turn.events()) as events:
+        async for event in events:
+            await send({"type": "http.response.body", "body": sse_frame(event), "more_body": True})
+    await send({"type": "http.response.body", "body": SSE_DONE, "more_body": False})
 
 
-async def _json(request: Request, prepared: Prepared, headers: dict[str, str]) -> Response:
-    """Drain the same event stream; a client that goes away cancels the upstream call."""
-    drain = asyncio.ensure_future(_drain(prepared))
-    gone = asyncio.ensure_future(_wait_disconnect(request))
-    try:
-        await asyncio.wait((drain, gone), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not drain.done():
-            drain.cancel()
-        gone.cancel()
-    if not drain.done() or drain.cancelled():
-        await asyncio.gather(drain, return_exceptions=True)
-        return Response(status_code=499)
-    resource = drain.result()
+async def _send_json(prepared: Prepared, extra: list[tuple[bytes, bytes]], send: Send) -> None:
+    """Drain the same event stream and answer the final resource (or the error it failed with)."""
+    async with aclosing(prepared.turn.events()) as events:
+        async for _ in events:
+            pass
     err = prepared.turn.result.error
     if err is not None:
-        return error_response(err, headers)
-    return Response(json_bytes(resource), media_type="application/json", headers=headers)
+        status, payload = err.status, json_bytes(err.http_body())
+    else:
+        status, payload = 200, json_bytes(prepared.turn.builder.resource)
+    await send({"type": "http.response.start", "status": status, "headers": _JSON_HEADERS + extra})
+    await send({"type": "http.response.body", "body": payload})
 
 
-async def _drain(prepared: Prepared) -> dict[str, Any]:
-    async for _ in prepared.turn.events():
-        pass
-    return prepared.turn.builder.resource
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
+async def _fail(
+    request: Request,
+    rlog: RequestLog,
+    err: GatewayError,
+    headers: dict[str, str],
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+) -> None:
+    rlog.emit(err.status, error_code=err.code)
+    _observe(request, rlog, str(err.status), None)
+    await error_response(err, headers)(scope, receive, send)
 
 
 def _done(request: Request, rlog: RequestLog, result: TurnResult) -> None:
@@ -102,7 +120,7 @@ def _done(request: Request, rlog: RequestLog, result: TurnResult) -> None:
     _observe(request, rlog, result.status, result.usage)
 
 
-def _observe(request: Request, rlog: RequestLog, status: str, usage: dict[str, Any] | None) -> None:
+def _observe(request: Request, rlog: RequestLog, status: str, usage: dict[str, object] | None) -> None:
     request.app.state.metrics.observe(
         rlog.fields["transport"], str(rlog.fields.get("model") or "-"), status, rlog.elapsed(), usage
     )
