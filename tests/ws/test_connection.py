@@ -230,7 +230,7 @@ async def test_drain_timeout_cuts_what_is_left() -> None:
             while True:
                 await asyncio.wait_for(ws.recv(), 5)
         assert ws.close_code == 1001
-        assert time.monotonic() - started < 3
+        assert time.monotonic() - started < 5  # 0.5 s drain, plus slack for a loaded machine
         assert slow.closed.is_set() and not slow.completed.is_set()
     finally:
         served.stop()
