@@ -16,38 +16,24 @@ even inside UTF-8 characters), with keep-alive comments in between. Non-stream r
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from tests.fakes.server import Hangup, LoopbackServer, serve_asgi
+from tests.fakes.scripted import Event, FakeUpstream, Recorded, Transport
+from tests.fakes.scripted import pieces as _pieces
 
-__all__ = ["FakeOpenAIChat", "Recorded", "Reply"]
-
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+__all__ = ["FakeOpenAIChat", "Recorded", "Reply", "smart_reply", "usage_chunk"]
 
 
 @dataclass
-class Reply:
-    """What the fake answers to one request."""
+class Reply(Transport):
+    """What the fake answers to one request (``error`` and the delivery fields: see Transport)."""
 
     chunks: list[dict[str, Any]] = field(default_factory=list)  # choice deltas / usage / error chunks
-    status: int = 200
-    body: bytes | dict[str, Any] | None = None  # the body of a non-2xx answer
-    headers: dict[str, str] = field(default_factory=dict)
     done: bool = True  # end with "data: [DONE]"
-    disconnect_after: int | None = None  # drop the connection after this many events
-    delay: float = 0.0  # seconds before the response headers
-    chunk_delay: float = 0.0  # seconds between writes
-    split: int | None = 7  # bytes per write (None: one write per event)
-    line_ending: str = "\n"
-    comments: bool = True  # ": keep-alive" comment lines between events
     as_json: bool = False  # answer one chat.completion JSON even to a streamed request
 
     # -- builders ----------------------------------------------------------------------------
@@ -104,15 +90,6 @@ class Reply:
             chunks.append(usage_chunk(*usage))
         return cls(chunks=chunks, **kw)
 
-    @classmethod
-    def error(
-        cls, status: int, body: bytes | dict[str, Any] | None = None, headers: dict[str, str] | None = None
-    ) -> Reply:
-        """A non-2xx answer."""
-        if body is None:
-            body = {"error": {"message": "fake upstream error", "type": "server_error", "code": None}}
-        return cls(status=status, body=body, headers=headers or {})
-
 
 def _choice(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
     return {"choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
@@ -132,175 +109,47 @@ def usage_chunk(prompt: int, completion: int, *, cached: int = 0, reasoning: int
     }
 
 
-def _pieces(text: str, n: int) -> list[str]:
-    if not text:
-        return []
-    size = max(1, -(-len(text) // max(n, 1)))
-    return [text[i : i + size] for i in range(0, len(text), size)]
+class FakeOpenAIChat(FakeUpstream[Reply]):
+    """A fake Chat Completions server (base URL ends with ``/v1``; any path answers).
 
+    When no reply is queued, ``responder`` (if set) answers from the request body, else "Hello!".
+    """
 
-@dataclass
-class Recorded:
-    """One request the fake received."""
-
-    method: str
-    path: str
-    headers: dict[str, str]  # lower-case names
-    raw: bytes
-    body: Any  # parsed JSON (None if the body was not JSON)
-    client: tuple[str, int] | None = None  # the peer address: same port, same (kept-alive) connection
-
-
-class FakeOpenAIChat:
-    """The ASGI app plus its script (``replies``) and its record (``requests``, ``disconnects``)."""
+    base_path = "/v1"
+    named_events = False
 
     def __init__(self) -> None:
-        self.replies: deque[Reply] = deque()
-        self.default = Reply.text("Hello!")
-        self.responder: Callable[[Any], Reply] | None = None  # used when no reply is queued
-        self.requests: list[Recorded] = []
-        self.disconnects = 0  # clients that went away before a streamed answer ended
-        self.disconnected = asyncio.Event()
-        self.server: LoopbackServer | None = None
-
-    @classmethod
-    @contextlib.asynccontextmanager
-    async def serve(cls) -> AsyncIterator[FakeOpenAIChat]:
-        """Start a fake on a free loopback port for the duration of the block."""
-        fake = cls()
-        async with serve_asgi(fake) as server:
-            fake.server = server
-            yield fake
-
-    @property
-    def base_url(self) -> str:
-        """What to put in ``ProviderSettings.base_url`` (ends with ``/v1``)."""
-        assert self.server is not None
-        return self.server.url + "/v1"
-
-    def add(self, *replies: Reply) -> None:
-        """Queue replies for the next requests, in order."""
-        self.replies.extend(replies)
+        super().__init__()
+        self.responder: Callable[[Any], Reply] | None = None
 
     def reset(self) -> None:
-        self.replies.clear()
-        self.default = Reply.text("Hello!")
+        super().reset()
         self.responder = None
-        self.requests.clear()
-        self.disconnects = 0
-        self.disconnected = asyncio.Event()
 
-    # -- ASGI ------------------------------------------------------------------------------------
-    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return
-        raw = bytearray()
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                return
-            raw += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            body = None
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        self.requests.append(
-            Recorded(scope["method"], scope["path"], headers, bytes(raw), body, scope.get("client"))
-        )
-        if self.replies:
-            reply = self.replies.popleft()
-        elif self.responder is not None:
-            reply = self.responder(body)
-        else:
-            reply = self.default
+    def route(self, method: str, path: str, query: str) -> str | None:
+        return ""
 
-        if reply.delay:
-            await asyncio.sleep(reply.delay)
-        if reply.status >= 300:
-            payload = reply.body if isinstance(reply.body, bytes) else orjson.dumps(reply.body)
-            await _send_whole(send, reply.status, payload, "application/json", reply.headers)
-            return
-        if reply.as_json or not (isinstance(body, dict) and body.get("stream")):
-            await _send_whole(
-                send, 200, orjson.dumps(_assemble(reply, body)), "application/json", reply.headers
-            )
-            return
-        await self._stream(reply, body, receive, send)
+    def fallback(self, body: dict[str, Any], size: int) -> Reply:
+        return self.responder(body) if self.responder is not None else Reply.text("Hello!")
 
-    async def _stream(self, reply: Reply, body: dict[str, Any], receive: Receive, send: Send) -> None:
+    def error_body(self, status: int, message: str, kind: str) -> dict[str, Any]:
+        return {"error": {"message": message, "type": "server_error", "code": None}}
+
+    def whole(self, reply: Reply, body: dict[str, Any], model: str) -> dict[str, Any] | None:
+        return _assemble(reply, body) if reply.as_json or not body.get("stream") else None
+
+    def render(self, reply: Reply, body: dict[str, Any], model: str) -> list[Event]:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         model = body.get("model", "fake-model")
-        headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
-        headers += [(k.encode(), v.encode()) for k, v in reply.headers.items()]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-
-        gone = asyncio.Event()
-
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            gone.set()
-
-        watcher = asyncio.create_task(watch())
-        nl = reply.line_ending
-        try:
-            events: list[bytes] = []
-            for chunk in reply.chunks:
-                if "usage" in chunk and not chunk.get("choices") and not include_usage:
-                    continue
-                full = {
-                    "id": "chatcmpl-fake",
-                    "object": "chat.completion.chunk",
-                    "created": 1,
-                    "model": model,
-                }
-                full.update(chunk)
-                prefix = f": keep-alive{nl}{nl}" if reply.comments and len(events) % 3 == 1 else ""
-                events.append(prefix.encode() + b"data: " + orjson.dumps(full) + f"{nl}{nl}".encode())
-            if reply.done:
-                events.append(f"data: [DONE]{nl}{nl}".encode())
-            for n, event in enumerate(events):
-                if reply.disconnect_after is not None and n >= reply.disconnect_after:
-                    raise Hangup()
-                pieces = [event] if reply.split is None else _cut(event, reply.split)
-                for piece in pieces:
-                    if gone.is_set():
-                        raise _ClientGone()
-                    await send({"type": "http.response.body", "body": piece, "more_body": True})
-                    if reply.chunk_delay:
-                        await _sleep_or_gone(reply.chunk_delay, gone)
-                    else:
-                        await asyncio.sleep(0)
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except _ClientGone:
-            self.disconnects += 1
-            self.disconnected.set()
-        finally:
-            watcher.cancel()
-
-
-class _ClientGone(Exception):
-    pass
-
-
-async def _sleep_or_gone(seconds: float, gone: asyncio.Event) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(gone.wait(), seconds)
-    if gone.is_set():
-        raise _ClientGone()
-
-
-def _cut(data: bytes, size: int) -> list[bytes]:
-    return [data[i : i + size] for i in range(0, len(data), size)]
-
-
-async def _send_whole(send: Send, status: int, payload: bytes, ctype: str, extra: dict[str, str]) -> None:
-    headers = [(b"content-type", ctype.encode())] + [(k.encode(), v.encode()) for k, v in extra.items()]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload, "more_body": False})
+        head = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": model}
+        events: list[Event] = [
+            (None, {**head, **chunk})
+            for chunk in reply.chunks
+            if include_usage or not ("usage" in chunk and not chunk.get("choices"))
+        ]
+        if reply.done:
+            events.append((None, "[DONE]"))
+        return events
 
 
 def _assemble(reply: Reply, body: Any) -> dict[str, Any]:

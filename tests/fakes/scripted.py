@@ -1,10 +1,15 @@
-"""What the native-API fakes (openai_responses, anthropic, gemini) share: a provider-neutral
-:class:`Reply` script, the request record, a default answering policy, and the ASGI plumbing that
-streams a rendered reply in awkward pieces, hangs up on cue and notices a client that left.
+"""The plumbing every fake upstream shares, and what the native-API fakes (openai_responses,
+anthropic, gemini) share on top of it.
 
-A fake subclass supplies the wire format: ``route`` (path → model), ``check`` (auth and request
-validation, as the real API would refuse), ``ask`` (what the request asks, for the default
-policy), ``render`` (a reply → its stream events) and ``error_body``.
+:class:`FakeUpstream` is the ASGI app: it records each request, picks the queued reply (or a
+fallback), answers errors and whole JSON bodies, and streams rendered events in awkward pieces,
+hanging up on cue and noticing a client that left. :class:`Transport` holds the fields of a reply
+that say how it is delivered. A fake supplies the wire format: ``route`` (path → model), ``check``
+(auth and request validation, as the real API would refuse), ``render`` (a reply → its stream
+events), ``error_body`` and ``fallback``.
+
+:class:`ScriptedFake` adds a provider-neutral :class:`Reply` script and a default answering policy
+(the fake supplies ``ask``: what the request asks for).
 """
 
 from __future__ import annotations
@@ -16,22 +21,55 @@ import os
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
 import orjson
 
 from adapters.mock.adapter import example_value
 from tests.fakes.server import Hangup, LoopbackServer, serve_asgi
 
-__all__ = ["Ask", "Recorded", "Reject", "Reply", "ScriptedFake", "pieces", "run_main"]
+__all__ = [
+    "Ask",
+    "FakeUpstream",
+    "Recorded",
+    "Reject",
+    "Reply",
+    "ScriptedFake",
+    "Transport",
+    "pieces",
+    "run_main",
+]
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
-Event = tuple[str | None, dict[str, Any]]  # (SSE event name or None, data)
+Event = tuple[str | None, dict[str, Any] | str]  # (SSE event name or None, data: JSON, or a str as is)
+
+
+@dataclass(kw_only=True)
+class Transport:
+    """How one answer is delivered, whatever it says (the fields every fake's reply shares)."""
+
+    events: list[Event] | None = None  # raw provider events: replaces the rendering
+    status: int = 200
+    body: bytes | dict[str, Any] | None = None  # the body of a non-2xx answer (None: the usual error)
+    headers: dict[str, str] = field(default_factory=dict)
+    disconnect_after: int | None = None  # drop the connection after this many events
+    delay: float = 0.0  # seconds before the response headers
+    chunk_delay: float = 0.0  # seconds between writes
+    split: int | None = 7  # bytes per write (None: one write per event)
+    line_ending: str | None = None  # None: the provider's usual
+    comments: bool = True  # ": keep-alive" comment lines between events
+
+    @classmethod
+    def error(
+        cls, status: int, body: bytes | dict[str, Any] | None = None, headers: dict[str, str] | None = None
+    ) -> Self:
+        """A non-2xx answer (body: the provider's usual error object when None)."""
+        return cls(status=status, body=body, headers=headers or {})
 
 
 @dataclass
-class Reply:
+class Reply(Transport):
     """One scripted answer, in provider-neutral terms (each fake renders it in its wire format)."""
 
     answer: str | None = None  # the assistant text
@@ -46,17 +84,6 @@ class Reply:
     reasoning_tokens: int = 0
     stream_error: str | None = None  # "overloaded" | "rate_limit" | "server" | "invalid": after the output
     terminal: bool = True  # False: end the body without the provider's terminal event
-    events: list[Event] | None = None  # raw provider events: replaces the rendering
-    # transport
-    status: int = 200
-    body: bytes | dict[str, Any] | None = None  # the body of a non-2xx answer
-    headers: dict[str, str] = field(default_factory=dict)
-    disconnect_after: int | None = None  # drop the connection after this many events
-    delay: float = 0.0
-    chunk_delay: float = 0.0
-    split: int | None = 7  # bytes per write (None: one write per event)
-    line_ending: str | None = None  # None: the provider's usual
-    comments: bool = True  # ": keep-alive" comment lines between events
 
     # The builders have the openai_chat fake's names, so a test can drive either the same way.
     @classmethod
@@ -71,13 +98,6 @@ class Reply:
         """``(name, arguments, call_id)`` calls (call id None: the fake makes one), after optional text."""
         kw.setdefault("usage", (20, 9))
         return cls(answer=text, calls=list(calls), **kw)
-
-    @classmethod
-    def error(
-        cls, status: int, body: bytes | dict[str, Any] | None = None, headers: dict[str, str] | None = None
-    ) -> Reply:
-        """A non-2xx answer (body: the provider's usual error object when None)."""
-        return cls(status=status, body=body, headers=headers or {})
 
     @property
     def finish_reason(self) -> str:
@@ -167,7 +187,10 @@ def default_reply(ask: Ask, input_size: int) -> Reply:
     )
 
 
-class ScriptedFake:
+R = TypeVar("R", bound=Transport)
+
+
+class FakeUpstream(Generic[R]):
     """The ASGI app plus its script (``replies``) and its record (``requests``, ``disconnects``)."""
 
     line_ending: ClassVar[str] = "\n"
@@ -175,16 +198,16 @@ class ScriptedFake:
     base_path: ClassVar[str] = ""  # appended to the server URL for ``base_url``
 
     def __init__(self) -> None:
-        self.replies: deque[Reply] = deque()
-        self.default: Reply | None = None  # None: the default policy answers
+        self.replies: deque[R] = deque()
+        self.default: R | None = None  # what answers when no reply is queued (None: ``fallback``)
         self.requests: list[Recorded] = []
-        self.disconnects = 0
+        self.disconnects = 0  # clients that went away before a streamed answer ended
         self.disconnected = asyncio.Event()
         self.server: LoopbackServer | None = None
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def serve(cls) -> AsyncIterator[Any]:
+    async def serve(cls) -> AsyncIterator[Self]:
         """Start a fake on a free loopback port for the duration of the block."""
         fake = cls()
         async with serve_asgi(fake) as server:
@@ -197,7 +220,7 @@ class ScriptedFake:
         assert self.server is not None
         return self.server.url + self.base_path
 
-    def add(self, *replies: Reply) -> None:
+    def add(self, *replies: R) -> None:
         """Queue replies for the next requests, in order."""
         self.replies.extend(replies)
 
@@ -216,10 +239,15 @@ class ScriptedFake:
     def check(self, headers: dict[str, str], body: Any) -> None:
         """Raise :class:`Reject` for what the real API would refuse."""
 
-    def ask(self, body: dict[str, Any]) -> Ask:
+    def fallback(self, body: dict[str, Any], size: int) -> R:
+        """The reply when none is queued and ``default`` is None (``size``: the request's bytes)."""
         raise NotImplementedError
 
-    def render(self, reply: Reply, body: dict[str, Any], model: str) -> list[Event]:
+    def whole(self, reply: R, body: dict[str, Any], model: str) -> dict[str, Any] | None:
+        """The reply as one JSON body (a request that did not ask to stream), or None: stream it."""
+        return None
+
+    def render(self, reply: R, body: dict[str, Any], model: str) -> list[Event]:
         raise NotImplementedError
 
     def error_body(self, status: int, message: str, kind: str) -> dict[str, Any]:
@@ -264,7 +292,7 @@ class ScriptedFake:
         elif self.default is not None:
             reply = self.default
         else:
-            reply = default_reply(self.ask(body), len(raw))
+            reply = self.fallback(body, len(raw))
         if reply.delay:
             await asyncio.sleep(reply.delay)
         if reply.status >= 300:
@@ -274,14 +302,19 @@ class ScriptedFake:
             data = payload if isinstance(payload, bytes) else orjson.dumps(payload)
             await _send_whole(send, reply.status, data, reply.headers)
             return
+        whole = self.whole(reply, body, model)
+        if whole is not None:
+            await _send_whole(send, 200, orjson.dumps(whole), reply.headers)
+            return
         events = reply.events if reply.events is not None else self.render(reply, body, model)
         await self._stream(reply, events, receive, send)
 
-    def frame(self, name: str | None, data: dict[str, Any], nl: str) -> bytes:
+    def frame(self, name: str | None, data: dict[str, Any] | str, nl: str) -> bytes:
         head = f"event: {name}{nl}" if name and self.named_events else ""
-        return head.encode() + b"data: " + orjson.dumps(data) + f"{nl}{nl}".encode()
+        payload = data.encode() if isinstance(data, str) else orjson.dumps(data)
+        return head.encode() + b"data: " + payload + f"{nl}{nl}".encode()
 
-    async def _stream(self, reply: Reply, events: list[Event], receive: Receive, send: Send) -> None:
+    async def _stream(self, reply: R, events: list[Event], receive: Receive, send: Send) -> None:
         headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
         headers += [(k.encode(), v.encode()) for k, v in reply.headers.items()]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -319,6 +352,17 @@ class ScriptedFake:
             watcher.cancel()
 
 
+class ScriptedFake(FakeUpstream[Reply]):
+    """A fake native-API upstream: provider-neutral :class:`Reply` scripts, and when none is
+    queued, the default policy answers what the request asks (``ask``)."""
+
+    def ask(self, body: dict[str, Any]) -> Ask:
+        raise NotImplementedError
+
+    def fallback(self, body: dict[str, Any], size: int) -> Reply:
+        return default_reply(self.ask(body), size)
+
+
 def _kind_of(status: int) -> str:
     if status == 429:
         return "rate_limit"
@@ -352,7 +396,7 @@ async def _send_whole(send: Send, status: int, payload: bytes, extra: dict[str, 
     await send({"type": "http.response.body", "body": payload, "more_body": False})
 
 
-def run_main(fake_cls: type[ScriptedFake], default_port: int) -> None:
+def run_main(fake_cls: type[FakeUpstream[Any]], default_port: int) -> None:
     """``python -m tests.fakes.<name> [--port N]``: serve the fake with its default policy."""
     import uvicorn
 
