@@ -1,5 +1,5 @@
 """Shared upstream HTTP plumbing: the pooled client, a streaming call with a total deadline,
-and the one mapping from HTTP statuses and transport failures to ``gateway.errors``.
+and the one mapping from HTTP statuses, in-stream errors and transport failures to ``gateway.errors``.
 
 Messages are the gateway's own words: no upstream URL, key or raw body ever reaches one.
 """
@@ -35,6 +35,7 @@ __all__ = [
     "create_client",
     "error_code_from_body",
     "map_status_error",
+    "map_stream_error",
     "map_transport_error",
     "open_stream",
     "parse_retry_after",
@@ -338,6 +339,38 @@ def map_status_error(status: int, body: bytes, headers: Mapping[str, str] | None
         f"The upstream provider returned an unexpected status (HTTP {status}).",
         retryable=status >= 500,
         upstream_status=status,
+    )
+
+
+def map_stream_error(
+    kind: str | None,
+    code: str | None,
+    *,
+    rate_limited: str,
+    rejected: frozenset[str],
+    retryable: frozenset[str],
+    auth: frozenset[str] = frozenset(),
+) -> UpstreamError:
+    """The gateway error for an error the provider reported inside a 200 stream.
+
+    ``kind`` is the provider's own classification (Anthropic's ``type``, Gemini's ``status``, an
+    OpenAI ``code``); the sets say which kinds mean what. An unknown kind is not retryable, a
+    missing one is (the provider failed without saying why).
+    """
+    if kind == rate_limited:
+        return UpstreamRateLimited(
+            "The upstream provider is rate limiting requests; retry later.", retryable=True
+        )
+    if kind in rejected:
+        return UpstreamRejected("The upstream provider rejected the request.", code=code)
+    if kind in auth:
+        return UpstreamError(
+            "The gateway could not authenticate with the upstream provider.", code="upstream_auth_error"
+        )
+    return UpstreamError(
+        "The upstream provider failed while generating.",
+        retryable=kind is None or kind in retryable,
+        code=code,
     )
 
 

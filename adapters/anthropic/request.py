@@ -15,6 +15,14 @@ from typing import Any
 import orjson
 
 from adapters.base import UpstreamRequest
+from adapters.transcript import (
+    arguments_object,
+    assistant_texts,
+    function_tools,
+    parse_data_url,
+    parse_tool_choice,
+    unsupported_content,
+)
 from gateway.errors import UpstreamRejected
 
 __all__ = ["REDACTED_PREFIX", "build_body", "build_messages", "build_tools", "thinking_budget"]
@@ -139,12 +147,8 @@ def _text_of(content: Any) -> str:
 
 
 def _assistant_blocks(content: Any) -> list[dict[str, Any]]:
-    blocks = []
-    for part in content or []:
-        text = part.get("text") if part.get("type") != "refusal" else part.get("refusal")
-        if text:  # the API rejects empty text blocks
-            blocks.append({"type": "text", "text": text})
-    return blocks
+    # assistant_texts skips empty texts: the API rejects empty text blocks
+    return [{"type": "text", "text": text} for text in assistant_texts(content)]
 
 
 def _user_blocks(content: Any) -> list[dict[str, Any]]:
@@ -159,16 +163,14 @@ def _user_blocks(content: Any) -> list[dict[str, Any]]:
         elif kind == "input_file":
             blocks.append(_document(part))
         else:
-            raise UpstreamRejected(
-                f"This model's provider does not accept '{kind}' content.", code="unsupported_content"
-            )
+            raise unsupported_content(kind)
     return blocks
 
 
 def _image(part: dict[str, Any]) -> dict[str, Any]:
     url = part.get("image_url") or ""
     if url.startswith("data:"):
-        media_type, data = _data_url(url)
+        media_type, data = parse_data_url(url, "application/octet-stream")
         return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
     if url.startswith(("http://", "https://")):
         return {"type": "image", "source": {"type": "url", "url": url}}
@@ -183,7 +185,7 @@ def _document(part: dict[str, Any]) -> dict[str, Any]:
     block: dict[str, Any]
     if data:
         if data.startswith("data:"):
-            media_type, data = _data_url(data)
+            media_type, data = parse_data_url(data, "application/octet-stream")
         else:
             media_type = "text/plain" if (part.get("filename") or "").endswith(".txt") else "application/pdf"
         if _DOC_TYPES.get(media_type) == "text":
@@ -206,13 +208,6 @@ def _document(part: dict[str, Any]) -> dict[str, Any]:
     return block
 
 
-def _data_url(url: str) -> tuple[str, str]:
-    head, sep, data = url.partition(",")
-    if not sep or ";base64" not in head:
-        raise UpstreamRejected("A data URL must be base64-encoded.", code="invalid_image_url")
-    return head[5:].split(";")[0] or "application/octet-stream", data
-
-
 def _b64decode(data: str) -> bytes:
     try:
         return base64.b64decode(data, validate=False)
@@ -221,12 +216,7 @@ def _b64decode(data: str) -> bytes:
 
 
 def _tool_use(item: dict[str, Any]) -> dict[str, Any]:
-    try:
-        args = orjson.loads(item.get("arguments") or "{}")
-    except orjson.JSONDecodeError:
-        args = {}
-    if not isinstance(args, dict):
-        args = {"value": args}  # the API needs an object; keep what the model said
+    args = arguments_object(item.get("arguments"))
     return {"type": "tool_use", "id": item["call_id"], "name": item["name"], "input": args}
 
 
@@ -259,22 +249,10 @@ def build_tools(
     req: UpstreamRequest, *, thinking: bool = False
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """Anthropic ``tools`` and ``tool_choice`` (None: omit). ``allowed_tools`` sends only the subset."""
-    tc = req.tool_choice
-    allowed: set[str] | None = None
-    choice: dict[str, Any] | None
-    if isinstance(tc, dict) and tc.get("type") == "function":
-        choice = {"type": "tool", "name": tc["name"]}
-    elif isinstance(tc, dict) and tc.get("type") == "allowed_tools":
-        allowed = {t.get("name") for t in tc.get("tools") or []}
-        choice = _mode(tc.get("mode") or "auto")
-    else:
-        choice = _mode(tc if isinstance(tc, str) else "auto")
+    tc = parse_tool_choice(req.tool_choice)
+    choice: dict[str, Any] = _mode(tc.mode) if tc.name is None else {"type": "tool", "name": tc.name}
     tools = []
-    for tool in req.tools:
-        if tool.get("type", "function") != "function":
-            continue
-        if allowed is not None and tool.get("name") not in allowed:
-            continue
+    for tool in function_tools(req.tools, tc.allowed):
         out: dict[str, Any] = {
             "name": tool["name"],
             "input_schema": tool.get("parameters") or {"type": "object", "properties": {}},

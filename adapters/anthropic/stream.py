@@ -26,8 +26,8 @@ from adapters.deltas import (
     ToolCallStart,
     Usage,
 )
-from adapters.http import error_code_from_body
-from gateway.errors import UpstreamError, UpstreamRateLimited, UpstreamRejected
+from adapters.http import error_code_from_body, map_stream_error
+from gateway.errors import UpstreamError
 
 __all__ = ["MessagesStreamTranslator", "stream_error"]
 
@@ -42,6 +42,7 @@ _FINISH: dict[str, FinishReason] = {
 }
 _RETRYABLE_TYPES = frozenset({"overloaded_error", "api_error", "timeout_error"})
 _REJECTED_TYPES = frozenset({"invalid_request_error", "request_too_large", "not_found_error"})
+_AUTH_TYPES = frozenset({"authentication_error", "permission_error"})
 
 
 class MessagesStreamTranslator:
@@ -166,17 +167,12 @@ class MessagesStreamTranslator:
 
 def stream_error(error: Any) -> UpstreamError:
     """The gateway error for an in-stream ``error`` event's ``error`` object."""
-    kind = error.get("type") if isinstance(error, Mapping) else None
-    code = error_code_from_body({"error": error}) if isinstance(error, Mapping) else None
-    if kind == "rate_limit_error":
-        return UpstreamRateLimited(
-            "The upstream provider is rate limiting requests; retry later.", retryable=True
-        )
-    if kind in _REJECTED_TYPES:
-        return UpstreamRejected("The upstream provider rejected the request.", code=code)
-    if kind in ("authentication_error", "permission_error"):
-        return UpstreamError(
-            "The gateway could not authenticate with the upstream provider.", code="upstream_auth_error"
-        )
-    retryable = kind is None or kind in _RETRYABLE_TYPES
-    return UpstreamError("The upstream provider failed while generating.", retryable=retryable, code=code)
+    error = error if isinstance(error, Mapping) else {}
+    return map_stream_error(
+        error.get("type"),
+        error_code_from_body({"error": error}),
+        rate_limited="rate_limit_error",
+        rejected=_REJECTED_TYPES,
+        retryable=_RETRYABLE_TYPES,
+        auth=_AUTH_TYPES,
+    )

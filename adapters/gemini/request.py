@@ -13,6 +13,14 @@ from typing import Any
 import orjson
 
 from adapters.base import UpstreamRequest
+from adapters.transcript import (
+    arguments_object,
+    assistant_texts,
+    function_tools,
+    parse_data_url,
+    parse_tool_choice,
+    unsupported_content,
+)
 from gateway.errors import UpstreamRejected
 
 __all__ = ["build_body", "build_contents", "build_tools", "model_path", "to_gemini_schema"]
@@ -148,7 +156,8 @@ def build_contents(req: UpstreamRequest) -> tuple[str, list[dict[str, Any]]]:
             else:
                 acc.add("user", _user_parts(item.get("content")))
         elif kind == "function_call":
-            acc.add("model", [{"functionCall": {"name": item["name"], "args": _args(item.get("arguments"))}}])
+            call = {"name": item["name"], "args": arguments_object(item.get("arguments"))}
+            acc.add("model", [{"functionCall": call}])
         elif kind == "function_call_output":
             acc.add("user", _function_response(item, names.get(item["call_id"], item["call_id"])))
         elif kind == "reasoning" and item.get("encrypted_content"):
@@ -159,12 +168,7 @@ def build_contents(req: UpstreamRequest) -> tuple[str, list[dict[str, Any]]]:
 
 
 def _model_parts(content: Any) -> list[dict[str, Any]]:
-    parts = []
-    for part in content or []:
-        text = part.get("refusal") if part.get("type") == "refusal" else part.get("text")
-        if text:
-            parts.append({"text": text})
-    return parts
+    return [{"text": text} for text in assistant_texts(content)]
 
 
 def _user_parts(content: Any) -> list[dict[str, Any]]:
@@ -186,18 +190,14 @@ def _user_parts(content: Any) -> list[dict[str, Any]]:
         elif kind == "input_video":
             parts.append(_media(part.get("video_url"), None, "video/mp4"))
         else:
-            raise UpstreamRejected(
-                f"This model's provider does not accept '{kind}' content.", code="unsupported_content"
-            )
+            raise unsupported_content(kind)
     return parts
 
 
 def _media(url: str | None, filename: str | None, default_mime: str) -> dict[str, Any]:
     if url and url.startswith("data:"):
-        head, sep, data = url.partition(",")
-        if not sep or ";base64" not in head:
-            raise UpstreamRejected("A data URL must be base64-encoded.", code="invalid_image_url")
-        return {"inlineData": {"mimeType": head[5:].split(";")[0] or default_mime, "data": data}}
+        mime, data = parse_data_url(url, default_mime)
+        return {"inlineData": {"mimeType": mime, "data": data}}
     if url and url.startswith(("http://", "https://", "gs://")):
         mime = _mime_of(filename or url.split("?")[0], default_mime)
         return {"fileData": {"mimeType": mime, "fileUri": url}}
@@ -209,14 +209,6 @@ def _media(url: str | None, filename: str | None, default_mime: str) -> dict[str
 def _mime_of(name: str | None, default: str) -> str:
     ext = (name or "").rsplit(".", 1)[-1].lower() if name and "." in name else ""
     return _MIME_BY_EXT.get(ext, default)
-
-
-def _args(arguments: str | None) -> dict[str, Any]:
-    try:
-        args = orjson.loads(arguments or "{}")
-    except orjson.JSONDecodeError:
-        return {}
-    return args if isinstance(args, dict) else {"value": args}
 
 
 def _function_response(item: dict[str, Any], name: str) -> list[dict[str, Any]]:
@@ -239,23 +231,9 @@ def _function_response(item: dict[str, Any], name: str) -> list[dict[str, Any]]:
 # -- tools ------------------------------------------------------------------------------------
 def build_tools(req: UpstreamRequest) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """Gemini ``tools`` and ``functionCallingConfig`` (None: omit, i.e. AUTO)."""
-    tc = req.tool_choice
-    allowed: set[str] | None = None
-    mode = "auto"
-    names: list[str] | None = None
-    if isinstance(tc, dict) and tc.get("type") == "function":
-        mode, names = "required", [tc["name"]]
-    elif isinstance(tc, dict) and tc.get("type") == "allowed_tools":
-        allowed = {t.get("name") for t in tc.get("tools") or []}
-        mode = tc.get("mode") or "auto"
-    elif isinstance(tc, str):
-        mode = tc
+    tc = parse_tool_choice(req.tool_choice)
     declarations = []
-    for tool in req.tools:
-        if tool.get("type", "function") != "function":
-            continue
-        if allowed is not None and tool.get("name") not in allowed:
-            continue
+    for tool in function_tools(req.tools, tc.allowed):
         decl: dict[str, Any] = {"name": tool["name"]}
         if tool.get("description"):
             decl["description"] = tool["description"]
@@ -266,12 +244,12 @@ def build_tools(req: UpstreamRequest) -> tuple[list[dict[str, Any]], dict[str, A
     if not declarations:
         return [], None
     tools = [{"functionDeclarations": declarations}]
-    if mode == "none":
+    if tc.mode == "none":
         return tools, {"mode": "NONE"}
-    if mode == "required":
+    if tc.mode == "required":
         config: dict[str, Any] = {"mode": "ANY"}
-        if names is not None:
-            config["allowedFunctionNames"] = names
+        if tc.name is not None:
+            config["allowedFunctionNames"] = [tc.name]
         return tools, config
     return tools, None
 

@@ -25,8 +25,8 @@ from adapters.deltas import (
     ToolCallStart,
     Usage,
 )
-from adapters.http import error_code_from_body
-from gateway.errors import UpstreamError, UpstreamRateLimited, UpstreamRejected
+from adapters.http import error_code_from_body, map_stream_error
+from gateway.errors import UpstreamError
 
 __all__ = ["GeminiStreamTranslator", "stream_error"]
 
@@ -43,6 +43,7 @@ _FINISH: dict[str, FinishReason] = {
 }
 _RETRYABLE_STATUSES = frozenset({"UNAVAILABLE", "INTERNAL", "DEADLINE_EXCEEDED", "ABORTED", "UNKNOWN"})
 _REJECTED_STATUSES = frozenset({"INVALID_ARGUMENT", "FAILED_PRECONDITION", "NOT_FOUND", "OUT_OF_RANGE"})
+_AUTH_STATUSES = frozenset({"PERMISSION_DENIED", "UNAUTHENTICATED"})
 
 
 class GeminiStreamTranslator:
@@ -127,17 +128,12 @@ def usage_from(u: Mapping[str, Any]) -> Usage:
 
 def stream_error(error: Any) -> UpstreamError:
     """The gateway error for an error object sent inside the stream."""
-    status = error.get("status") if isinstance(error, Mapping) else None
-    code = error_code_from_body({"error": error}) if isinstance(error, Mapping) else None
-    if status == "RESOURCE_EXHAUSTED":
-        return UpstreamRateLimited(
-            "The upstream provider is rate limiting requests; retry later.", retryable=True
-        )
-    if status in _REJECTED_STATUSES:
-        return UpstreamRejected("The upstream provider rejected the request.", code=code)
-    if status in ("PERMISSION_DENIED", "UNAUTHENTICATED"):
-        return UpstreamError(
-            "The gateway could not authenticate with the upstream provider.", code="upstream_auth_error"
-        )
-    retryable = status is None or status in _RETRYABLE_STATUSES
-    return UpstreamError("The upstream provider failed while generating.", retryable=retryable, code=code)
+    error = error if isinstance(error, Mapping) else {}
+    return map_stream_error(
+        error.get("status"),
+        error_code_from_body({"error": error}),
+        rate_limited="RESOURCE_EXHAUSTED",
+        rejected=_REJECTED_STATUSES,
+        retryable=_RETRYABLE_STATUSES,
+        auth=_AUTH_STATUSES,
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from adapters.base import UpstreamRequest
+from adapters.transcript import function_tools, parse_tool_choice, unsupported_content
 from gateway.errors import UpstreamRejected
 
 __all__ = ["build_body", "build_messages", "build_tools"]
@@ -131,9 +132,7 @@ def _user_parts(content: Any) -> list[dict[str, Any]]:
         elif t == "input_file":
             parts.append(_file(part))
         else:
-            raise UpstreamRejected(
-                f"This model's provider does not accept '{t}' content.", code="unsupported_content"
-            )
+            raise unsupported_content(t)
     return parts
 
 
@@ -185,25 +184,11 @@ def build_tools(
     tools: list[dict[str, Any]], tool_choice: str | dict[str, Any]
 ) -> tuple[list[dict[str, Any]], str | dict[str, Any] | None]:
     """Chat ``tools`` and ``tool_choice`` (None: omit it). ``allowed_tools`` sends only the subset."""
-    choice: str | dict[str, Any] | None
-    allowed: set[str] | None = None
-    if isinstance(tool_choice, dict):
-        kind = tool_choice.get("type")
-        if kind == "function":
-            choice = {"type": "function", "function": {"name": tool_choice["name"]}}
-        elif kind == "allowed_tools":
-            allowed = {t.get("name") for t in tool_choice.get("tools") or []}
-            choice = tool_choice.get("mode") or "auto"
-        else:
-            choice = "auto"
-    else:
-        choice = tool_choice
+    tc = parse_tool_choice(tool_choice)
+    choice: str | dict[str, Any]
+    choice = tc.mode if tc.name is None else {"type": "function", "function": {"name": tc.name}}
     out: list[dict[str, Any]] = []
-    for tool in tools:
-        if tool.get("type", "function") != "function":
-            continue
-        if allowed is not None and tool.get("name") not in allowed:
-            continue
+    for tool in function_tools(tools, tc.allowed):
         fn: dict[str, Any] = {"name": tool["name"]}
         for key in ("description", "parameters", "strict"):
             if tool.get(key) is not None:

@@ -24,9 +24,9 @@ from adapters.deltas import (
     ToolCallStart,
     Usage,
 )
-from adapters.http import error_code_from_body
+from adapters.http import error_code_from_body, map_stream_error
 from adapters.openai_responses.request import wrap_encrypted
-from gateway.errors import UpstreamError, UpstreamRateLimited, UpstreamRejected
+from gateway.errors import UpstreamError
 
 __all__ = ["ResponsesStreamTranslator", "stream_error", "usage_from"]
 
@@ -188,11 +188,6 @@ def usage_from(usage: Mapping[str, Any]) -> Usage:
 def stream_error(error: Any) -> UpstreamError:
     """The gateway error for an in-stream ``error`` event or a ``response.failed`` error object."""
     code = error_code_from_body({"error": error}) if isinstance(error, Mapping) else None
-    if code == "rate_limit_exceeded":
-        return UpstreamRateLimited(
-            "The upstream provider is rate limiting requests; retry later.", retryable=True
-        )
-    if code in _REJECTED_CODES:
-        return UpstreamRejected("The upstream provider rejected the request.", code=code)
-    retryable = code is None or code in _RETRYABLE_CODES
-    return UpstreamError("The upstream provider failed while generating.", retryable=retryable, code=code)
+    return map_stream_error(
+        code, code, rate_limited="rate_limit_exceeded", rejected=_REJECTED_CODES, retryable=_RETRYABLE_CODES
+    )

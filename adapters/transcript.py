@@ -1,0 +1,86 @@
+"""Rules for reading the normalized transcript that several request builders share: data URLs,
+call arguments as an object, assistant text, and which tools a ``tool_choice`` lets through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import orjson
+
+from gateway.errors import UpstreamRejected
+
+__all__ = [
+    "ToolChoice",
+    "arguments_object",
+    "assistant_texts",
+    "function_tools",
+    "parse_data_url",
+    "parse_tool_choice",
+    "unsupported_content",
+]
+
+
+def unsupported_content(kind: Any) -> UpstreamRejected:
+    """The error for a content part type the provider cannot take."""
+    return UpstreamRejected(
+        f"This model's provider does not accept '{kind}' content.", code="unsupported_content"
+    )
+
+
+def parse_data_url(url: str, default_mime: str) -> tuple[str, str]:
+    """(media type, base64 data) of a ``data:`` URL; only base64 data URLs are accepted."""
+    head, sep, data = url.partition(",")
+    if not sep or ";base64" not in head:
+        raise UpstreamRejected("A data URL must be base64-encoded.", code="invalid_image_url")
+    return head[5:].split(";")[0] or default_mime, data
+
+
+def arguments_object(arguments: str | None) -> dict[str, Any]:
+    """A call's JSON arguments as an object (APIs that take parsed arguments need one): ``{}``
+    when they do not parse, ``{"value": ...}`` around a non-object, so what the model said is kept."""
+    try:
+        args = orjson.loads(arguments or "{}")
+    except orjson.JSONDecodeError:
+        return {}
+    return args if isinstance(args, dict) else {"value": args}
+
+
+def assistant_texts(content: Any) -> Iterator[str]:
+    """The non-empty texts of an assistant message's parts (a refusal counts as text)."""
+    for part in content or []:
+        text = part.get("refusal") if part.get("type") == "refusal" else part.get("text")
+        if text:
+            yield text
+
+
+class ToolChoice(NamedTuple):
+    """A ``tool_choice`` read once: ``mode`` is auto | none | required (or what the client sent),
+    ``name`` the one function forced, ``allowed`` the ``allowed_tools`` subset (None: all)."""
+
+    mode: str
+    name: str | None = None
+    allowed: set[str] | None = None
+
+
+def parse_tool_choice(tool_choice: str | dict[str, Any]) -> ToolChoice:
+    if isinstance(tool_choice, dict):
+        kind = tool_choice.get("type")
+        if kind == "function":
+            return ToolChoice("required", tool_choice["name"])
+        if kind == "allowed_tools":
+            allowed = {t.get("name") for t in tool_choice.get("tools") or []}
+            return ToolChoice(tool_choice.get("mode") or "auto", None, allowed)
+        return ToolChoice("auto")
+    return ToolChoice(tool_choice)
+
+
+def function_tools(tools: list[dict[str, Any]], allowed: set[str] | None) -> Iterator[dict[str, Any]]:
+    """The function tools to send: only the ``allowed`` ones when an allowed_tools choice names them."""
+    for tool in tools:
+        if tool.get("type", "function") != "function":
+            continue
+        if allowed is not None and tool.get("name") not in allowed:
+            continue
+        yield tool
