@@ -3,7 +3,6 @@ recorded from the Messages API reference), and the adapter against the fake on r
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,6 +25,16 @@ from adapters.deltas import (
 )
 from gateway.errors import UpstreamError, UpstreamRateLimited, UpstreamRejected
 from gateway.settings import ProviderSettings
+from tests.adapters.helpers import (
+    assistant,
+    call,
+    collector,
+    fake_fixtures,
+    output,
+    text_of,
+    translator_run,
+    user,
+)
 from tests.fakes.anthropic import FakeAnthropic, Reply
 
 SECRET = "sk-ant-SECRET-42"
@@ -34,27 +43,6 @@ MARKER = "RAW-BODY-MARKER"
 
 def req(items: list[dict[str, Any]] | None = None, **kw: Any) -> UpstreamRequest:
     return UpstreamRequest(model="claude-x", items=items if items is not None else [user("hi")], **kw)
-
-
-def user(*texts: str) -> dict[str, Any]:
-    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": t} for t in texts]}
-
-
-def assistant(text: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "type": "message",
-        "role": "assistant",
-        "content": [{"type": "output_text", "text": text}],
-        **extra,
-    }
-
-
-def call(call_id: str, name: str = "f", args: str = "{}") -> dict[str, Any]:
-    return {"type": "function_call", "call_id": call_id, "name": name, "arguments": args}
-
-
-def output(call_id: str, out: Any = "ok") -> dict[str, Any]:
-    return {"type": "function_call_output", "call_id": call_id, "output": out}
 
 
 TOOLS = [
@@ -350,10 +338,7 @@ RECORDED_THINKING = [
 ]
 
 
-def translate(events: list[dict[str, Any]]) -> list[Delta]:
-    t = MessagesStreamTranslator()
-    out = [d for e in events for d in t.feed(e)]
-    return out + t.end()
+translate = translator_run(MessagesStreamTranslator)
 
 
 def test_recorded_text_stream() -> None:
@@ -422,16 +407,8 @@ def test_stream_without_message_stop_raises() -> None:
 
 
 # == the adapter against the fake on real sockets ===============================================
-@pytest.fixture(scope="module")
-async def fake_server() -> AsyncIterator[FakeAnthropic]:
-    async with FakeAnthropic.serve() as fake:
-        yield fake
-
-
-@pytest.fixture
-async def fake(fake_server: FakeAnthropic) -> FakeAnthropic:
-    fake_server.reset()
-    return fake_server
+fake_server, fake = fake_fixtures(FakeAnthropic)
+collect = collector(req)
 
 
 @pytest.fixture
@@ -443,14 +420,9 @@ async def adapter(fake: FakeAnthropic) -> AsyncIterator[AnthropicAdapter]:
     await a.aclose()
 
 
-async def collect(adapter: AnthropicAdapter, request: UpstreamRequest | None = None) -> list[Delta]:
-    async with asyncio.timeout(10):
-        return [d async for d in adapter.stream(request or req())]
-
-
 async def test_headers_path_and_body(fake: FakeAnthropic, adapter: AnthropicAdapter) -> None:
     out = await collect(adapter, req(instructions="sys"))
-    assert "".join(d.text for d in out if isinstance(d, TextDelta)) == "Hello! You said: hi"
+    assert text_of(out) == "Hello! You said: hi"
     [rec] = fake.requests
     assert rec.path == "/v1/messages"
     assert rec.headers["x-api-key"] == SECRET and rec.headers["anthropic-version"] == "2023-06-01"
@@ -479,7 +451,7 @@ async def test_thinking_round_trip_through_the_fake(fake: FakeAnthropic, adapter
     }
     items = [user("hi"), reasoning, call("toolu_9", "a", '{"x":1}'), output("toolu_9", "sunny")]
     out = await collect(adapter, req(items, tools=TOOLS, reasoning={"effort": "low"}))
-    assert "".join(d.text for d in out if isinstance(d, TextDelta)) == "The tool returned: sunny"
+    assert text_of(out) == "The tool returned: sunny"
     sent = fake.requests[-1].body["messages"]
     assert sent[1]["content"][0] == {"type": "thinking", "thinking": "hmm, weather", "signature": "SIG-1"}
     assert sent[2]["content"][0] == {"type": "tool_result", "tool_use_id": "toolu_9", "content": "sunny"}
@@ -500,7 +472,7 @@ async def test_in_stream_overloaded_error(fake: FakeAnthropic, adapter: Anthropi
     with pytest.raises(UpstreamError) as info:
         async for d in adapter.stream(req()):
             got.append(d)
-    assert info.value.retryable and "".join(d.text for d in got if isinstance(d, TextDelta)) == "partial"
+    assert info.value.retryable and text_of(got) == "partial"
 
 
 async def test_fake_rejects_what_the_api_rejects(fake: FakeAnthropic, adapter: AnthropicAdapter) -> None:

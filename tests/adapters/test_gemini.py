@@ -4,7 +4,6 @@ the fake on real sockets."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,7 +11,6 @@ import pytest
 
 from adapters.base import UpstreamRequest
 from adapters.deltas import (
-    Delta,
     Finish,
     ReasoningEncrypted,
     ReasoningSummaryDelta,
@@ -26,6 +24,16 @@ from adapters.gemini.request import build_body, build_contents, build_tools, mod
 from adapters.gemini.stream import GeminiStreamTranslator
 from gateway.errors import UpstreamError, UpstreamRateLimited, UpstreamRejected
 from gateway.settings import ProviderSettings
+from tests.adapters.helpers import (
+    assistant,
+    call,
+    collector,
+    fake_fixtures,
+    output,
+    text_of,
+    translator_run,
+    user,
+)
 from tests.fakes.gemini import FakeGemini, Reply
 
 SECRET = "AIza-SECRET-42"
@@ -34,22 +42,6 @@ MARKER = "RAW-BODY-MARKER"
 
 def req(items: list[dict[str, Any]] | None = None, **kw: Any) -> UpstreamRequest:
     return UpstreamRequest(model="gemini-x", items=items if items is not None else [user("hi")], **kw)
-
-
-def user(*texts: str) -> dict[str, Any]:
-    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": t} for t in texts]}
-
-
-def assistant(text: str) -> dict[str, Any]:
-    return {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}
-
-
-def call(call_id: str, name: str = "f", args: str = "{}") -> dict[str, Any]:
-    return {"type": "function_call", "call_id": call_id, "name": name, "arguments": args}
-
-
-def output(call_id: str, out: Any = "ok") -> dict[str, Any]:
-    return {"type": "function_call_output", "call_id": call_id, "output": out}
 
 
 def reasoning(signature: str) -> dict[str, Any]:
@@ -284,10 +276,7 @@ RECORDED_THINKING_CALLS = [
 ]
 
 
-def translate(chunks: list[dict[str, Any]]) -> list[Delta]:
-    t = GeminiStreamTranslator()
-    out = [d for c in chunks for d in t.feed(c)]
-    return out + t.end()
+translate = translator_run(GeminiStreamTranslator)
 
 
 def test_recorded_text_stream() -> None:
@@ -349,16 +338,8 @@ def test_stream_without_finish_reason_raises() -> None:
 
 
 # == the adapter against the fake ===============================================================
-@pytest.fixture(scope="module")
-async def fake_server() -> AsyncIterator[FakeGemini]:
-    async with FakeGemini.serve() as fake:
-        yield fake
-
-
-@pytest.fixture
-async def fake(fake_server: FakeGemini) -> FakeGemini:
-    fake_server.reset()
-    return fake_server
+fake_server, fake = fake_fixtures(FakeGemini)
+collect = collector(req)
 
 
 @pytest.fixture
@@ -368,14 +349,9 @@ async def adapter(fake: FakeGemini) -> AsyncIterator[GeminiAdapter]:
     await a.aclose()
 
 
-async def collect(adapter: GeminiAdapter, request: UpstreamRequest | None = None) -> list[Delta]:
-    async with asyncio.timeout(10):
-        return [d async for d in adapter.stream(request or req())]
-
-
 async def test_url_key_header_and_text(fake: FakeGemini, adapter: GeminiAdapter) -> None:
     out = await collect(adapter)
-    assert "".join(d.text for d in out if isinstance(d, TextDelta)) == "Hello! You said: hi"
+    assert text_of(out) == "Hello! You said: hi"
     [rec] = fake.requests
     assert rec.path == "/v1beta/models/gemini-x:streamGenerateContent" and rec.query == "alt=sse"
     assert rec.headers["x-goog-api-key"] == SECRET and "key=" not in rec.query
@@ -406,7 +382,7 @@ async def test_parallel_calls_and_results_next_turn(fake: FakeGemini, adapter: G
         output("call_1", "a-done"),
     ]
     out = await collect(adapter, req(items, tools=TOOLS))
-    assert "".join(d.text for d in out if isinstance(d, TextDelta)) == "The tool returned: a-done"
+    assert text_of(out) == "The tool returned: a-done"
     sent = fake.requests[-1].body["contents"]
     assert sent[1]["parts"][0]["thoughtSignature"] == "S"
     assert [p["functionResponse"]["name"] for p in sent[2]["parts"]] == ["noargs", "get_weather"]
@@ -420,7 +396,7 @@ async def test_schema_the_fake_would_refuse_is_converted(fake: FakeGemini, adapt
 
 async def test_max_tokens_is_incomplete(fake: FakeGemini, adapter: GeminiAdapter) -> None:
     out = await collect(adapter, req(max_output_tokens=2))
-    assert "".join(d.text for d in out if isinstance(d, TextDelta)) == "Hello! You"
+    assert text_of(out) == "Hello! You"
     assert out[-1] == Finish("length")
 
 

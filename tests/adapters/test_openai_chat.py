@@ -32,6 +32,7 @@ from gateway.errors import (
     UpstreamTimeout,
 )
 from gateway.settings import ProviderSettings, Timeouts
+from tests.adapters.helpers import assistant, call, collector, fake_fixtures, output, text_of, user
 from tests.fakes.openai_chat import FakeOpenAIChat, Reply, usage_chunk
 from tests.fakes.server import unused_port
 
@@ -43,22 +44,6 @@ def req(items: list[dict[str, Any]] | None = None, **kw: Any) -> UpstreamRequest
     if items is None:
         items = [user("hi")]
     return UpstreamRequest(model="m", items=items, **kw)
-
-
-def user(*texts: str) -> dict[str, Any]:
-    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": t} for t in texts]}
-
-
-def assistant(text: str) -> dict[str, Any]:
-    return {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}
-
-
-def call(call_id: str, name: str = "f", args: str = "{}") -> dict[str, Any]:
-    return {"type": "function_call", "call_id": call_id, "name": name, "arguments": args}
-
-
-def output(call_id: str, out: Any = "ok") -> dict[str, Any]:
-    return {"type": "function_call_output", "call_id": call_id, "output": out}
 
 
 REASONING = {"type": "reasoning", "summary": [{"type": "summary_text", "text": "thinking"}]}
@@ -426,16 +411,8 @@ def test_error_chunk_raises() -> None:
 
 
 # == the adapter against a fake upstream on real sockets =====================================
-@pytest.fixture(scope="module")
-async def fake_server() -> AsyncIterator[FakeOpenAIChat]:
-    async with FakeOpenAIChat.serve() as fake:
-        yield fake
-
-
-@pytest.fixture
-async def fake(fake_server: FakeOpenAIChat) -> FakeOpenAIChat:
-    fake_server.reset()
-    return fake_server
+fake_server, fake = fake_fixtures(FakeOpenAIChat)
+collect = collector(req)
 
 
 @pytest.fixture
@@ -453,15 +430,6 @@ def settings(base_url: str, **timeouts: float) -> ProviderSettings:
         headers={"x-extra": "1"},
         timeouts=Timeouts(**timeouts),
     )
-
-
-async def collect(adapter: OpenAIChatAdapter, request: UpstreamRequest | None = None) -> list[Delta]:
-    async with asyncio.timeout(10):
-        return [d async for d in adapter.stream(request or req())]
-
-
-def text_of(deltas: list[Delta]) -> str:
-    return "".join(d.text for d in deltas if isinstance(d, TextDelta))
 
 
 def assert_clean(err: UpstreamError, base_url: str) -> None:

@@ -3,7 +3,6 @@ stream recorded from the Responses API reference), and the adapter against the f
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,7 +10,6 @@ import pytest
 
 from adapters.base import UpstreamRequest
 from adapters.deltas import (
-    Delta,
     Finish,
     ItemDone,
     ReasoningDelta,
@@ -28,6 +26,7 @@ from adapters.openai_responses.request import build_body, build_input, unwrap_en
 from adapters.openai_responses.stream import ResponsesStreamTranslator
 from gateway.errors import UpstreamError, UpstreamRateLimited, UpstreamRejected
 from gateway.settings import ProviderSettings
+from tests.adapters.helpers import collector, fake_fixtures, text_of, translator_run
 from tests.fakes.openai_responses import FakeOpenAIResponses, Reply
 
 SECRET = "sk-SECRET-42"
@@ -270,10 +269,7 @@ RECORDED = [
 ]
 
 
-def translate(events: list[dict[str, Any]]) -> list[Delta]:
-    t = ResponsesStreamTranslator()
-    out = [d for e in events for d in t.feed(e)]
-    return out + t.end()
+translate = translator_run(ResponsesStreamTranslator)
 
 
 def test_recorded_stream() -> None:
@@ -421,16 +417,8 @@ def test_whole_response_object() -> None:
 
 
 # == the adapter against the fake ===============================================================
-@pytest.fixture(scope="module")
-async def fake_server() -> AsyncIterator[FakeOpenAIResponses]:
-    async with FakeOpenAIResponses.serve() as fake:
-        yield fake
-
-
-@pytest.fixture
-async def fake(fake_server: FakeOpenAIResponses) -> FakeOpenAIResponses:
-    fake_server.reset()
-    return fake_server
+fake_server, fake = fake_fixtures(FakeOpenAIResponses)
+collect = collector(req)
 
 
 @pytest.fixture
@@ -442,14 +430,9 @@ async def adapter(fake: FakeOpenAIResponses) -> AsyncIterator[OpenAIResponsesAda
     await a.aclose()
 
 
-async def collect(adapter: OpenAIResponsesAdapter, request: UpstreamRequest | None = None) -> list[Delta]:
-    async with asyncio.timeout(10):
-        return [d async for d in adapter.stream(request or req())]
-
-
 async def test_headers_path_and_text(fake: FakeOpenAIResponses, adapter: OpenAIResponsesAdapter) -> None:
     out = await collect(adapter)
-    assert "".join(d.text for d in out if isinstance(d, TextDelta)) == "Hello! You said: hi"
+    assert text_of(out) == "Hello! You said: hi"
     [rec] = fake.requests
     assert rec.path == "/v1/responses" and rec.headers["authorization"] == f"Bearer {SECRET}"
     assert rec.body["store"] is False and rec.body["stream"] is True
@@ -479,7 +462,7 @@ async def test_encrypted_reasoning_round_trip(
     out = await collect(
         adapter, req([user("hi"), reasoning, call("call_1"), output("call_1", "42")], tools=[TOOL])
     )
-    assert "".join(d.text for d in out if isinstance(d, TextDelta)) == "The tool returned: 42"
+    assert text_of(out) == "The tool returned: 42"
     sent = fake.requests[1].body["input"][1]
     assert sent["encrypted_content"] == "ENC-1" and sent["id"].startswith("rs_") and sent["id"] != "rs_gw"
 
@@ -499,5 +482,5 @@ async def test_max_output_tokens_incomplete(
     fake: FakeOpenAIResponses, adapter: OpenAIResponsesAdapter
 ) -> None:
     out = await collect(adapter, req([user("one two three four five")], max_output_tokens=3))
-    assert "".join(d.text for d in out if isinstance(d, TextDelta)) == "Hello! You said:"
+    assert text_of(out) == "Hello! You said:"
     assert out[-1] == Finish("length")

@@ -1,0 +1,87 @@
+"""What the adapter tests share: normalized transcript items, running a stream translator or an
+adapter to the end, and the fixtures that serve a fake upstream."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any, Protocol
+
+import pytest
+
+from adapters.base import Adapter, UpstreamRequest
+from adapters.deltas import Delta, TextDelta
+
+__all__ = ["assistant", "call", "collector", "fake_fixtures", "output", "text_of", "translator_run", "user"]
+
+
+def user(*texts: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": t} for t in texts]}
+
+
+def assistant(text: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text}],
+        **extra,
+    }
+
+
+def call(call_id: str, name: str = "f", args: str = "{}") -> dict[str, Any]:
+    return {"type": "function_call", "call_id": call_id, "name": name, "arguments": args}
+
+
+def output(call_id: str, out: Any = "ok") -> dict[str, Any]:
+    return {"type": "function_call_output", "call_id": call_id, "output": out}
+
+
+def text_of(deltas: Iterable[Delta]) -> str:
+    return "".join(d.text for d in deltas if isinstance(d, TextDelta))
+
+
+class _Translator(Protocol):
+    def feed(self, chunk: dict[str, Any], /) -> list[Delta]: ...
+
+    def end(self) -> list[Delta]: ...
+
+
+def translator_run(make: Callable[[], _Translator]) -> Callable[[Iterable[dict[str, Any]]], list[Delta]]:
+    """``translate(chunks)``: every delta a fresh translator makes of ``chunks``, the final ones too."""
+
+    def translate(chunks: Iterable[dict[str, Any]]) -> list[Delta]:
+        t = make()
+        out = [d for c in chunks for d in t.feed(c)]
+        return out + t.end()
+
+    return translate
+
+
+def collector(default: Callable[[], UpstreamRequest]) -> Callable[..., Awaitable[list[Delta]]]:
+    """``collect(adapter, request=None)``: all deltas of one generation (``default()`` when no
+    request is given), within 10 seconds."""
+
+    async def collect(adapter: Adapter, request: UpstreamRequest | None = None) -> list[Delta]:
+        async with asyncio.timeout(10):
+            return [d async for d in adapter.stream(request or default())]
+
+    return collect
+
+
+def fake_fixtures(fake_cls: Any) -> tuple[Any, Any]:
+    """The ``fake_server`` (served once per module) and ``fake`` (reset for each test) fixtures.
+
+    Use as ``fake_server, fake = fake_fixtures(FakeX)`` at a test module's top level.
+    """
+
+    @pytest.fixture(scope="module")
+    async def fake_server() -> AsyncIterator[Any]:
+        async with fake_cls.serve() as fake:
+            yield fake
+
+    @pytest.fixture
+    async def fake(fake_server: Any) -> Any:
+        fake_server.reset()
+        return fake_server
+
+    return fake_server, fake
