@@ -207,7 +207,7 @@ def smart_reply(body: Any) -> Reply:
     if last.get("role") == "tool":
         text = f"The tool returned: {last.get('content')}"
     else:
-        user = next((m for m in reversed(messages) if m.get("role") == "user"), {})
+        user: dict[str, Any] = next((m for m in reversed(messages) if m.get("role") == "user"), {})
         content = user.get("content")
         if isinstance(content, list):
             content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
