@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import redis
 
-from tests.harness import ServedApp, serve_gateway
+from tests.harness import ServedApp, free_port, serve_gateway
 from tests.redis_server import RedisServer, delete_prefix, redis_url, unique_prefix
 
+ROOT = Path(__file__).resolve().parents[2]
 KEYS = {"auth": {"api_keys": [{"key": "sk-a", "tenant": "a"}, {"key": "sk-b", "tenant": "b"}]}}
 A = {"Authorization": "Bearer sk-a"}
 B = {"Authorization": "Bearer sk-b"}
@@ -192,14 +197,53 @@ async def test_redis_down_fails_fast_and_recovers(prefix: str) -> None:
         server.stop()
 
 
-async def test_two_replicas_share_one_redis(prefix: str) -> None:
-    cfg = {**KEYS, "state": {"redis_url": redis_url(), "key_prefix": prefix + "-rep"}}
+def test_two_replica_processes_share_one_redis(prefix: str) -> None:
+    """Two real gateway processes (the CLI), one Redis: a response made on one continues on the other."""
+    p = prefix + "-rep"
+    env = {
+        **os.environ,
+        "GATEWAY_STATE__REDIS_URL": redis_url(),
+        "GATEWAY_STATE__KEY_PREFIX": p,
+        "GATEWAY_AUTH__API_KEYS": '[{"key": "sk-a", "tenant": "a"}, {"key": "sk-b", "tenant": "b"}]',
+    }
+    ports = [free_port(), free_port()]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for port in ports
+    ]
     try:
-        with serve_gateway(cfg) as one, serve_gateway(cfg) as two:
-            first = await create(one, {"input": "on replica one"})
-            second = await create(two, {"input": "on replica two", "previous_response_id": first["id"]})
-            assert second["previous_response_id"] == first["id"]
-            r = await call(two, "GET", f"/v1/responses/{first['id']}")
-            assert r.json()["id"] == first["id"]
+        with httpx.Client(timeout=20) as c:
+            for port in ports:
+                deadline = time.monotonic() + 120
+                while True:
+                    try:
+                        c.get(f"http://127.0.0.1:{port}/healthz")
+                        break
+                    except httpx.HTTPError:
+                        assert time.monotonic() < deadline
+                        time.sleep(0.2)
+            one, two = (f"http://127.0.0.1:{port}/v1/responses" for port in ports)
+            first = (c.post(one, headers=A, json={"model": "mock", "input": "on replica one"})).json()
+            r = c.post(
+                two,
+                headers=A,
+                json={"model": "mock", "input": "on replica two", "previous_response_id": first["id"]},
+            )
+            assert r.status_code == 200 and r.json()["previous_response_id"] == first["id"]
+            assert (c.get(f"{two}/{first['id']}", headers=A)).json()["id"] == first["id"]
+            r = c.post(
+                two, headers=B, json={"model": "mock", "input": "x", "previous_response_id": first["id"]}
+            )
+            assert r.json()["error"]["code"] == "previous_response_not_found"
     finally:
-        delete_prefix(redis_url(), prefix + "-rep")
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=30)
+        delete_prefix(redis_url(), p)
