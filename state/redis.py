@@ -116,9 +116,21 @@ class RedisStore:
     async def _call(self, awaitable: Awaitable[T]) -> T:
         """Bound the whole operation by ``timeout_seconds``; a down Redis is a 503, never a hang
         and never a message naming the server."""
+        task = asyncio.ensure_future(awaitable)
         try:
-            async with asyncio.timeout(self.timeout):
-                return await awaitable
+            done, _ = await asyncio.wait((task,), timeout=self.timeout)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if not done:
+            # Give up now; redis-py's own cleanup of a cancelled call can take seconds against a
+            # silent server, and the caller must not wait for it.
+            task.cancel()
+            task.add_done_callback(_consume)
+            log.warning("state store error: %s", "timeout")
+            raise ServiceUnavailable("state store unavailable") from None
+        try:
+            return task.result()
         except (RedisError, OSError, TimeoutError) as exc:
             log.warning("state store error: %s", type(exc).__name__)
             raise ServiceUnavailable("state store unavailable") from None
@@ -197,3 +209,9 @@ class RedisStore:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned call's outcome so asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
