@@ -17,7 +17,7 @@ from typing import Any
 import structlog
 
 from adapters.base import UpstreamRequest
-from adapters.deltas import Delta, Finish, ToolCallArgsDelta, ToolCallStart, Usage
+from adapters.deltas import Delta, Finish, ToolCallArgsDelta, ToolCallStart
 from gateway.builder import ResponseBuilder
 from gateway.errors import GatewayError, ServerError, UpstreamError
 from gateway.routing import Route, Router
@@ -198,8 +198,6 @@ class Turn:
                 return []
         elif kind is Finish and self._dropped and delta.reason == "tool_calls":  # type: ignore[union-attr]
             delta = Finish("stop")
-        elif kind is Usage:
-            pass
         return self.builder.feed(delta)
 
     async def close(self) -> None:
