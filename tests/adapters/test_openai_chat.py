@@ -601,12 +601,15 @@ async def test_cancelling_the_consumer_closes_the_upstream_connection(
 ) -> None:
     fake.add(Reply.text("x" * 200, pieces=200, chunk_delay=0.02, split=None))
 
+    first = asyncio.Event()
+
     async def consume() -> None:
         async for _ in adapter.stream(req()):
-            pass
+            first.set()
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.2)
+    async with asyncio.timeout(10):
+        await first.wait()  # the upstream is mid-stream (on a loaded machine that can take a while)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -203,6 +203,7 @@ class FakeUpstream(Generic[R]):
         self.requests: list[Recorded] = []
         self.disconnects = 0  # clients that went away before a streamed answer ended
         self.disconnected = asyncio.Event()
+        self.streaming = asyncio.Event()  # set once a streamed answer has started
         self.server: LoopbackServer | None = None
 
     @classmethod
@@ -230,6 +231,7 @@ class FakeUpstream(Generic[R]):
         self.requests.clear()
         self.disconnects = 0
         self.disconnected = asyncio.Event()
+        self.streaming = asyncio.Event()
 
     # -- what a subclass provides --------------------------------------------------------------
     def route(self, method: str, path: str, query: str) -> str | None:
@@ -318,6 +320,7 @@ class FakeUpstream(Generic[R]):
         headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
         headers += [(k.encode(), v.encode()) for k, v in reply.headers.items()]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
+        self.streaming.set()
         gone = asyncio.Event()
 
         async def watch() -> None:

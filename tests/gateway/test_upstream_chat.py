@@ -210,7 +210,8 @@ async def test_client_going_away_cancels_the_upstream(
                         break
         else:
             task = asyncio.create_task(c.post("/v1/responses", json={"model": "m", "input": "x"}))
-            await asyncio.sleep(0.8)
+            await asyncio.wait_for(fake.streaming.wait(), timeout=10)  # the upstream call is under way
+            await asyncio.sleep(0.1)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
     gone_at = time.monotonic()
