@@ -52,6 +52,9 @@ class UpstreamRequest:
     prompt_cache_key: str | None = None
     metadata: dict[str, str] | None = None
     include: list[str] = field(default_factory=list)
+    # False: the client waits for the whole answer (non-streaming HTTP, compaction), so an adapter
+    # may ask its provider for one unstreamed reply: fewer bytes and events to translate.
+    stream: bool = True
 
 
 class Adapter(Protocol):

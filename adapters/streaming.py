@@ -9,12 +9,11 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import aclosing
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
-import httpx
 import orjson
 
 from adapters.base import UpstreamRequest
 from adapters.deltas import Delta
-from adapters.http import create_client, open_stream
+from adapters.http import UpstreamClient, create_client, open_stream
 from gateway.errors import UpstreamError
 from gateway.settings import ProviderSettings
 
@@ -41,7 +40,7 @@ T = TypeVar("T", bound=StreamTranslator)
 class HTTPStreamAdapter(Generic[T]):
     """One streamed ``POST`` per generation; yields the translator's deltas.
 
-    ``client`` lets a caller share or inject an ``httpx.AsyncClient``; by default the adapter owns
+    ``client`` lets a caller share or inject an :class:`UpstreamClient`; by default the adapter owns
     one pooled client (closed by :meth:`aclose`). A subclass sets ``path`` (or overrides
     :meth:`url`) and implements :meth:`body` and :meth:`translator`; the class flags and the
     remaining hooks cover what only some providers do.
@@ -50,19 +49,19 @@ class HTTPStreamAdapter(Generic[T]):
     path: ClassVar[str] = ""  # appended to the base URL
     done_marker: ClassVar[bool] = False  # ``data: [DONE]`` ends the stream (OpenAI's convention)
     named_events: ClassVar[bool] = False  # data without a "type" takes the SSE event name
-    json_reply: ClassVar[bool] = False  # a 200 JSON body (a server that did not stream) goes to whole()
+    # A 200 JSON body goes to whole(): a server that did not stream, or an unstreamed request
+    # (``request.stream`` False), which body()/url() then ask for.
+    json_reply: ClassVar[bool] = False
 
-    def __init__(self, settings: ProviderSettings, *, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(self, settings: ProviderSettings, *, client: UpstreamClient | None = None) -> None:
         self.settings = settings
         self._client = client if client is not None else create_client(settings)
         self._owns_client = client is None
         self._base = settings.resolved_base_url()
         self._url = self._base + self.path
-        self._headers = {
-            "accept": "text/event-stream",
-            **self.provider_headers(settings.resolved_api_key()),
-            **settings.headers,
-        }
+        fixed = {**self.provider_headers(settings.resolved_api_key()), **settings.headers}
+        self._headers = {"accept": "text/event-stream", **fixed}
+        self._json_headers = {"accept": "application/json", **fixed}
 
     # -- what a provider states --------------------------------------------------------------
     def provider_headers(self, key: str | None) -> dict[str, str]:
@@ -91,13 +90,15 @@ class HTTPStreamAdapter(Generic[T]):
     async def stream(self, request: UpstreamRequest) -> AsyncIterator[Delta]:
         """Send ``request``; yield its deltas. Raises ``UpstreamError`` (and subclasses)."""
         translator = self.translator()
+        streamed = request.stream or not self.json_reply  # json_reply: body() honours request.stream
         async with open_stream(
             self._client,
             "POST",
             self.url(request),
             json_body=self.body(request),
-            headers=self._headers,
+            headers=self._headers if streamed else self._json_headers,
             total_timeout=self.settings.timeouts.total,
+            streamed=streamed,
         ) as upstream:
             if self.json_reply and upstream.headers.get("content-type", "").startswith("application/json"):
                 for delta in self.whole(translator, await upstream.read_json()):

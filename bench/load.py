@@ -413,8 +413,8 @@ async def cmd_http(cmd: dict[str, Any]) -> dict[str, Any]:
             p.time_capped |= s.time_capped
             p.abandoned += s.abandoned
             p.reconnects += s.reconnects
-            for proc, seconds in s.cpu.items():
-                p.cpu[proc] = p.cpu.get(proc, 0.0) + seconds
+            for proc, cpu_s in s.cpu.items():  # not ``seconds``: that is the round's time cap
+                p.cpu[proc] = p.cpu.get(proc, 0.0) + cpu_s
     return {name: s.summary() for name, s in pooled.items()}
 
 

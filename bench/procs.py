@@ -63,8 +63,18 @@ def fd_count(pid: int) -> int:
 
 
 def http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    return http_request(port, "GET", path, timeout=timeout)
+
+
+def http_request(
+    port: int, method: str, path: str, body: bytes = b"", timeout: float = 2.0
+) -> tuple[int, bytes]:
+    """One request on a fresh connection (``Connection: close``); the status and the (de-chunked) body."""
+    head = f"{method} {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nConnection: close\r\n"
+    if body or method == "POST":
+        head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
     with socket.create_connection((HOST, port), timeout=timeout) as s:
-        s.sendall(f"GET {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nConnection: close\r\n\r\n".encode())
+        s.sendall(head.encode() + b"\r\n" + body)
         chunks = []
         while True:
             data = s.recv(65536)
@@ -72,8 +82,22 @@ def http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
                 break
             chunks.append(data)
     raw = b"".join(chunks)
-    head, _, body = raw.partition(b"\r\n\r\n")
-    return int(head[9:12]), body
+    head_bytes, _, payload = raw.partition(b"\r\n\r\n")
+    if b"transfer-encoding: chunked" in head_bytes.lower():
+        payload = _dechunk(payload)
+    return int(head_bytes[9:12]), payload
+
+
+def _dechunk(raw: bytes) -> bytes:
+    out: list[bytes] = []
+    pos = 0
+    while (eol := raw.find(b"\r\n", pos)) >= 0:
+        size = int(raw[pos:eol].split(b";")[0] or b"0", 16)
+        if size == 0:
+            break
+        out.append(raw[eol + 2 : eol + 2 + size])
+        pos = eol + 2 + size + 2
+    return b"".join(out)
 
 
 class Proc:
@@ -116,18 +140,35 @@ def start_upstream(chunks: int) -> tuple[Proc, int]:
     return proc, int(line.split()[1])
 
 
-def write_config(path: Path, upstream_port: int, log_level: str, models: dict[str, str]) -> None:
-    lines = [
-        "log:",
-        f"  level: {log_level}",
-        "providers:",
-        "  up:",
-        "    kind: openai-chat",
-        f"    base_url: http://{HOST}:{upstream_port}/v1",
-        "    api_key: sk-bench",
-        "models:",
-    ]
-    lines += [f"  {name}: {{provider: up, upstream_model: {up}}}" for name, up in models.items()]
+# Every adapter kind the benchmark routes to the fake: (provider name in the config, base URL path).
+# openai-chat / openai-responses take the /v1 root, anthropic the origin (it appends /v1/messages),
+# gemini the /v1beta root (it appends /models/{model}:streamGenerateContent?alt=sse).
+ADAPTER_PROVIDERS: dict[str, tuple[str, str]] = {
+    "openai-chat": ("up", "/v1"),
+    "openai-responses": ("up-responses", "/v1"),
+    "anthropic": ("up-anthropic", ""),
+    "gemini": ("up-gemini", "/v1beta"),
+}
+
+
+def write_config(
+    path: Path, upstream_port: int, log_level: str, models: dict[str, str | tuple[str, str]]
+) -> None:
+    """A gateway config with one provider per adapter kind, all pointing at the fake on
+    ``upstream_port``. ``models``: gateway model → upstream model (provider ``up``, openai-chat) or
+    (provider, upstream model)."""
+    lines = ["log:", f"  level: {log_level}", "providers:"]
+    for kind, (name, base) in ADAPTER_PROVIDERS.items():
+        lines += [
+            f"  {name}:",
+            f"    kind: {kind}",
+            f"    base_url: http://{HOST}:{upstream_port}{base}",
+            "    api_key: sk-bench",
+        ]
+    lines.append("models:")
+    for name, up in models.items():
+        provider, model = up if isinstance(up, tuple) else ("up", up)
+        lines.append(f"  {name}: {{provider: {provider}, upstream_model: {model}}}")
     path.write_text("\n".join(lines) + "\n")
 
 

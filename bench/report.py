@@ -217,6 +217,9 @@ def render(r: dict[str, Any]) -> str:
             if e := _errors(r.get(k)):
                 t.text(f"{k}: {e}")
 
+    if "per_adapter" in r:
+        _per_adapter(t, r["per_adapter"])
+
     mem = r.get("memory", {})
     if mem:
         t.title("Memory (MB)")
@@ -369,6 +372,66 @@ def render(r: dict[str, Any]) -> str:
         growth = ws_bytes[-1] / ws_bytes[1]
         t.row("WS bytes turn 20 / turn 2", f"{growth:.2f}", "~ 1.00", "yes" if growth < 1.1 else "NO")
     return "\n".join(t.lines)
+
+
+def _per_adapter(t: Table, pa: dict[str, Any]) -> None:
+    """Issue 6: one row per adapter; gateway (a model routed through the adapter) vs direct (the
+    adapter's native request sent straight to the fake), c=1."""
+    t.title(
+        f"Per adapter, c=1: gateway via each adapter vs the native request direct to the fake "
+        f"(SSE: {pa.get('chunks')} chunks)"
+    )
+    cols = ("direct p50", "gateway p50", "added p50", "ratio", "added p99")
+    sections = (
+        ("json_c1", "latency_ms", "JSON latency (ms)", "request"),
+        ("sse_c1", "first_delta_ms", "SSE first delta (ms)", None),
+        ("sse_c1", "latency_ms", "SSE total (ms)", "stream"),
+    )
+    for key, metric, label, cpu_unit in sections:
+        res = pa.get(key)
+        if not isinstance(res, dict):
+            continue
+        if "error" in res:
+            t.text(f"{label}: {res['error']}")
+            continue
+        json_rows = key == "json_c1"
+        t.header(label, *cols, "gw CPU ms" if cpu_unit else "", "upstream" if json_rows else "")
+        for kind, pair in res.items():
+            call = get(pa, "check", kind, "json gateway answer", "upstream_call") if json_rows else None
+            d50, g50 = get(pair, "direct", metric, "p50"), get(pair, "gateway", metric, "p50")
+            d99, g99 = get(pair, "direct", metric, "p99"), get(pair, "gateway", metric, "p99")
+            cpu = get(pair, "gateway", "cpu_ms_per_request", "gateway") if cpu_unit else None
+            t.row(
+                f"  {kind}",
+                num(d50, 3),
+                num(g50, 3),
+                signed(_sub(g50, d50), 3),
+                ratio(g50, d50),
+                signed(_sub(g99, d99), 3),
+                num(cpu, 3) if cpu_unit else "",
+                call or "",
+            )
+    for key in ("json_c1", "sse_c1"):
+        res = pa.get(key)
+        if isinstance(res, dict) and "error" not in res:
+            for kind, pair in res.items():
+                if e := _errors(pair):
+                    t.text(f"{key} {kind}: {e}")
+    sse = pa.get("sse_c1")
+    if isinstance(sse, dict) and "error" not in sse:
+        events = ", ".join(
+            f"{kind} {num(get(pair, 'direct', 'events_per_response'), 0)}"
+            f"/{num(get(pair, 'gateway', 'events_per_response'), 0)}"
+            for kind, pair in sse.items()
+        )
+        t.text(f"events per stream direct/gateway: {events}")
+    for kind, problem in (pa.get("skipped") or {}).items():
+        t.text(f"{kind} LEFT OUT (its check failed): {problem}")
+    t.text(
+        "gw CPU ms = gateway CPU per request (JSON) / per stream (SSE). upstream = the call the "
+        "adapter made for a JSON client (json: one unstreamed reply; stream: 16 chunks); direct JSON "
+        "is always the format's unstreamed call."
+    )
 
 
 def _mb(mem: dict[str, Any], key: str, field: str) -> float | None:

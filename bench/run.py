@@ -1,13 +1,14 @@
 """Gateway benchmark: the gateway against the direct upstream, measured in the same run.
 
-Three processes on loopback (plus a fourth for a few stages): the fake Chat Completions upstream
-(``bench/upstream.py``), the gateway (``python -m gateway serve``, one uvicorn worker) routing
-models to it through the ``openai-chat`` adapter, and the load generator (``bench/load.py``), which
-sends the same load to the fake directly (the baseline) and through the gateway, interleaved in
-rounds. Figures are reported as absolute numbers and as gateway-vs-direct differences/ratios,
-because this 2-core machine is shared and noisy.
+Three processes on loopback (plus a fourth for a few stages): the fake upstream
+(``bench/upstream.py``, speaking Chat Completions, Responses, Anthropic Messages and Gemini), the
+gateway (``python -m gateway serve``, one uvicorn worker) routing models to it through the
+``openai-chat`` adapter (and, in the per-adapter stage, through each of the four HTTP adapters), and
+the load generator (``bench/load.py``), which sends the same load to the fake directly (the baseline)
+and through the gateway, interleaved in rounds. Figures are reported as absolute numbers and as
+gateway-vs-direct differences/ratios, because this 2-core machine is shared and noisy.
 
-    python -m bench.run            # full run, about 4 minutes
+    python -m bench.run            # full run, about 4-5 minutes
     python -m bench.run --quick    # about 1 minute, fewer requests
     python -m bench.run --profile  # also py-spy profiles of the gateway under load (+~1 min)
     python -m bench.run --profile-only  # only the profiles (~2 min)
@@ -39,6 +40,7 @@ import orjson
 from bench import report
 from bench.load import cpu_seconds
 from bench.procs import (
+    ADAPTER_PROVIDERS,
     ROOT,
     LoadWorker,
     Proc,
@@ -46,6 +48,7 @@ from bench.procs import (
     fd_count,
     free_port,
     http_get,
+    http_request,
     machine_share,
     proc_status,
     start_gateway,
@@ -61,12 +64,17 @@ LONG_CHUNKS = 500  # content chunks of a long stream (relayed events per second)
 AGENT_CHUNKS = 32  # content chunks of each text answer in the agent conversation
 MOCK_LONG_TEXT = "x" * (4 * LONG_CHUNKS - len("Hello! You said: "))  # mock: 4 characters per chunk
 
-GATEWAY_MODELS = {
+ADAPTERS = tuple(ADAPTER_PROVIDERS)  # openai-chat, openai-responses, anthropic, gemini
+
+GATEWAY_MODELS: dict[str, str | tuple[str, str]] = {
     "bench": "fake",  # JSON (the fake's default stream length applies if the adapter streams upstream)
     "bench-sse": f"fake-{SHORT_CHUNKS}",
     "bench-long": f"fake-{LONG_CHUNKS}",
     "bench-agent": f"fake-{AGENT_CHUNKS}",
 }
+for _kind, (_provider, _) in ADAPTER_PROVIDERS.items():  # the per-adapter stage
+    GATEWAY_MODELS[f"adapter-{_kind}"] = (_provider, "fake")
+    GATEWAY_MODELS[f"adapter-{_kind}-sse"] = (_provider, f"fake-{SHORT_CHUNKS}")
 
 # Byte patterns the load generator counts (see bench/load.py).
 GW_SSE = {
@@ -75,6 +83,17 @@ GW_SSE = {
     "deltas": "event: response.output_text.delta\n",
 }
 DIRECT_SSE = {"marker": '"content":"tok ', "events": "\ndata: {", "deltas": '"content":"tok '}
+# The direct baseline of each adapter's native format: the marker matches its first text delta.
+DIRECT_SSE_BY_ADAPTER = {
+    "openai-chat": DIRECT_SSE,
+    "openai-responses": {
+        "marker": "event: response.output_text.delta\n",
+        "events": "\nevent: ",
+        "deltas": "event: response.output_text.delta\n",
+    },
+    "anthropic": {"marker": '"type":"text_delta"', "events": "\nevent: ", "deltas": '"type":"text_delta"'},
+    "gemini": {"marker": '{"text":"tok "}', "events": "\ndata: {", "deltas": '{"text":"tok "}'},
+}
 
 
 @dataclass(frozen=True)
@@ -97,6 +116,8 @@ class Plan:
     mock_sse_long_c64: Stage
     info_json_c1: Stage
     info_json_c64: Stage
+    adapter_json_c1: Stage  # per adapter: every adapter's gateway and direct targets, interleaved
+    adapter_sse_c1: Stage
     agent_reps: int
     agent_turns: int
     ws_idle: int
@@ -115,6 +136,8 @@ FULL = Plan(
     mock_sse_long_c64=Stage(2000, 6, rounds=1, warmup=64),
     info_json_c1=Stage(1500, 6, rounds=2, warmup=100),
     info_json_c64=Stage(20000, 8, rounds=2, warmup=256),
+    adapter_json_c1=Stage(1500, 4, rounds=2, warmup=50),
+    adapter_sse_c1=Stage(1000, 4, rounds=2, warmup=30),
     agent_reps=5,
     agent_turns=20,
     ws_idle=1000,
@@ -134,6 +157,8 @@ QUICK = Plan(
     mock_sse_long_c64=Stage(500, 2, rounds=1, warmup=64),
     info_json_c1=Stage(0, 0),
     info_json_c64=Stage(0, 0),
+    adapter_json_c1=Stage(300, 1, rounds=1, warmup=20),
+    adapter_sse_c1=Stage(200, 1, rounds=1, warmup=20),
     agent_reps=2,
     agent_turns=20,
     ws_idle=250,
@@ -153,6 +178,34 @@ def direct_sse(chunks: int) -> dict[str, Any]:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+
+
+def direct_native(kind: str, stream: bool, chunks: int = SHORT_CHUNKS) -> tuple[str, dict[str, Any]]:
+    """(path, body) of the request an adapter of ``kind`` makes, in that provider's format, for sending
+    straight to the fake: non-streaming for JSON (like ``direct_json``), else ``chunks`` content chunks."""
+    model = f"fake-{chunks}" if stream else "fake"
+    if kind == "openai-chat":
+        return "/v1/chat/completions", direct_sse(chunks) if stream else direct_json()
+    if kind == "gemini":  # the model and the streaming choice are in the path
+        method = "streamGenerateContent?alt=sse" if stream else "generateContent"
+        body: dict[str, Any] = {"contents": [{"role": "user", "parts": [{"text": PROMPT}]}]}
+        return f"/v1beta/models/{model}:{method}", body
+    if kind == "openai-responses":
+        path, body = "/v1/responses", {"model": model, "input": PROMPT, "store": False}
+    elif kind == "anthropic":
+        messages = [{"role": "user", "content": PROMPT}]
+        path, body = "/v1/messages", {"model": model, "max_tokens": 4096, "messages": messages}
+    else:
+        raise ValueError(f"unknown adapter kind {kind!r}")
+    if stream:
+        body["stream"] = True
+    return path, body
+
+
+def get_n(summary: dict[str, Any], key: str) -> int:
+    """The sample count of one of a load summary's percentile blocks."""
+    block = summary.get(key)
+    return int(block.get("n", 0)) if isinstance(block, dict) else 0
 
 
 def gw_body(model: str, stream: bool, text: str = PROMPT) -> dict[str, Any]:
@@ -352,6 +405,8 @@ class Bench:
         r["mock_sse_long_c64"] = self.http(
             "mock SSE long c=64", plan.mock_sse_long_c64, 64, gw, {"gateway": ml}
         )
+        # 3b. every HTTP adapter against the fake in its own wire format (issue 6)
+        r["per_adapter"] = self.per_adapter(gw)
         r["memory"]["gateway_after_http_kb"] = proc_status(gw.pid)
         r["upstream_stats"] = orjson.loads(http_get(up_port, "/stats")[1])
 
@@ -417,6 +472,102 @@ class Bench:
         if not ok:
             self.say("the openai-chat route does not work (is adapters/openai_chat finished?); stopping")
         return ok
+
+    def per_adapter(self, gw: GatewayHandle) -> dict[str, Any]:
+        """Issue 6: each HTTP adapter's added latency at c=1. For every adapter kind a gateway model
+        routed through it to the fake (which answers in that adapter's wire format), against the
+        direct baseline: the native request of that format sent straight to the fake. JSON and SSE
+        (``SHORT_CHUNKS`` chunks) are one load command each, with all adapters' gateway and direct
+        targets interleaved (gateway, direct, next adapter, ...; the same request count for all), so
+        that drift on the machine hits every adapter alike."""
+        assert self.load is not None
+        gw.ensure("per adapter")
+        port, up = gw.port, self.up_port
+        out: dict[str, Any] = {"adapters": list(ADAPTERS), "chunks": SHORT_CHUNKS, "check": {}, "skipped": {}}
+        json_targets: dict[str, Any] = {}
+        sse_targets: dict[str, Any] = {}
+        for kind in ADAPTERS:
+            t = {
+                "json gateway": target(port, "/v1/responses", gw_body(f"adapter-{kind}", False)),
+                "json direct": target(up, *direct_native(kind, False)),
+                "sse gateway": target(port, "/v1/responses", gw_body(f"adapter-{kind}-sse", True), GW_SSE),
+                "sse direct": target(up, *direct_native(kind, True), DIRECT_SSE_BY_ADAPTER[kind]),
+            }
+            problem, out["check"][kind] = self.check_adapter(port, t)
+            if problem:
+                out["skipped"][kind] = problem
+                self.say(f"per adapter: {kind} left out: {problem}")
+                continue
+            json_targets[f"{kind} gateway"] = t["json gateway"]
+            json_targets[f"{kind} direct"] = t["json direct"]
+            sse_targets[f"{kind} gateway"] = t["sse gateway"]
+            sse_targets[f"{kind} direct"] = t["sse direct"]
+        if not json_targets:
+            return out
+        plan = self.plan
+        for key, name, stage, targets in (
+            ("json_c1", "per adapter: JSON c=1", plan.adapter_json_c1, json_targets),
+            ("sse_c1", f"per adapter: SSE {SHORT_CHUNKS} chunks c=1", plan.adapter_sse_c1, sse_targets),
+        ):
+            res = self.http(name, stage, 1, gw, targets)
+            if "error" in res:
+                out[key] = res
+                continue
+            out[key] = {
+                kind: {"gateway": res[f"{kind} gateway"], "direct": res[f"{kind} direct"]}
+                for kind in ADAPTERS
+                if f"{kind} gateway" in res
+            }
+        return out
+
+    def check_adapter(self, port: int, targets: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """One request per target (and the gateway's JSON answer read), so that a broken route or a
+        wrong fake format is reported once instead of measured. Returns (problem or "", details)."""
+        assert self.load is not None
+        try:
+            res = self.load.run(
+                {"cmd": "http", "concurrency": 1, "requests": 1, "max_seconds": 10, "targets": targets}, 90
+            )
+        except (RuntimeError, TimeoutError) as exc:
+            return str(exc), {}
+        check: dict[str, Any] = {name: {"statuses": v["statuses"]} for name, v in res.items()}
+        for name in ("sse gateway", "sse direct"):
+            v = res[name]
+            check[name].update(
+                events=v["events"], deltas=v["deltas"], first_delta_seen=get_n(v, "first_delta_ms") == 1
+            )
+        problems = [f"{name}: statuses {v['statuses']}" for name, v in res.items() if v["requests"] != 1]
+        for name in ("sse gateway", "sse direct"):
+            c = check[name]
+            if res[name]["requests"] == 1 and (c["deltas"] != SHORT_CHUNKS or not c["first_delta_seen"]):
+                seen = c["first_delta_seen"]
+                problems.append(f"{name}: {c['deltas']} text deltas, first delta seen: {seen}")
+        try:  # the gateway's JSON answer: completed, with the fake's text; which upstream call it made
+            before = orjson.loads(http_get(self.up_port, "/stats")[1])
+            status, body = http_request(
+                port, "POST", "/v1/responses", orjson.dumps(targets["json gateway"]["body"]), timeout=10
+            )
+            after = orjson.loads(http_get(self.up_port, "/stats")[1])
+            calls = [k for k in ("json", "stream") if after[k] > before[k]]
+            obj = orjson.loads(body) if status == 200 else {}
+            text = "".join(
+                c.get("text", "")
+                for item in obj.get("output") or []
+                for c in item.get("content") or []
+                if c.get("type") == "output_text"
+            )
+            check["json gateway answer"] = {
+                "http": status,
+                "status": obj.get("status"),
+                "text_chars": len(text),
+                "usage": obj.get("usage"),
+                "upstream_call": "+".join(calls) or "none",  # the adapter's choice for a JSON client
+            }
+            if status != 200 or obj.get("status") != "completed" or not text:
+                problems.append(f"json gateway answer: {check['json gateway answer']} {body[:200]!r}")
+        except (OSError, ValueError) as exc:
+            problems.append(f"json gateway answer: {exc!r}")
+        return "; ".join(problems), check
 
     def websocket(self, gw: GatewayHandle) -> None:
         assert self.load is not None

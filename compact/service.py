@@ -164,7 +164,7 @@ class Compactor:
                 "prompt_cache_key": body.prompt_cache_key,
             }
         )
-        prepared = await self.gateway.prepare(request, principal)
+        prepared = await self.gateway.prepare(request, principal, streaming=False)
         try:
             await prepared.turn.open()
             async for _ in prepared.turn.events():

@@ -67,7 +67,10 @@ class Gateway:
         *,
         cache: ConnectionCache | None = None,
         on_done: Callable[[TurnResult], None] | None = None,
+        streaming: bool = True,
     ) -> Prepared:
+        """Resolve the route and context of one turn. ``streaming``: the caller relays deltas as
+        they come (SSE, WebSocket); False lets the adapter ask for an unstreamed reply."""
         route = self.route(body.model, principal)
         store = True if body.store is None else body.store
         ctx = await build_context(
@@ -98,7 +101,7 @@ class Gateway:
                 stored_at=time.time(),
             )
         turn = Turn(
-            request=upstream_request(body, route, ctx),
+            request=upstream_request(body, route, ctx, stream=streaming),
             route=route,
             router=self.router,
             resource=resource,
@@ -114,7 +117,9 @@ class Gateway:
         await self.store.aclose()
 
 
-def upstream_request(body: CreateResponseBody, route: Route, ctx: Context) -> UpstreamRequest:
+def upstream_request(
+    body: CreateResponseBody, route: Route, ctx: Context, *, stream: bool = True
+) -> UpstreamRequest:
     fmt: dict[str, Any] | None = text_echo(body)["format"]
     if fmt is not None and fmt.get("type") == "text":
         fmt = None
@@ -139,4 +144,5 @@ def upstream_request(body: CreateResponseBody, route: Route, ctx: Context) -> Up
         prompt_cache_key=body.prompt_cache_key,
         metadata=body.metadata,
         include=list(body.include or ()),
+        stream=stream,
     )

@@ -30,7 +30,17 @@ class StoredResponse:
 
 class ResponseStore(Protocol):
     async def put(self, response: StoredResponse) -> None:
-        """Persist (with the store's TTL). Raises ServiceUnavailable when the backend is down."""
+        """Persist (with the store's TTL). Raises ServiceUnavailable when the backend is down.
+
+        A chain lives as long as its newest member: storing a response also raises the TTL of
+        every stored ancestor on its ``previous_response_id`` chain (and of their item-index
+        entries) to at least the new response's, never shortening a longer one. This is done
+        here, not when ``chain`` is read for a continuation, because a put is the one event
+        every continuation goes through: a WebSocket turn continues from its connection cache
+        without calling ``chain``, a read-time extension would leave the ancestors expiring
+        before a response whose generation outlasted the read, and a continuation that fails or
+        is not stored (``store: false``) should not prolong anything. Reads (``get``, ``chain``,
+        ``get_items``) never extend a TTL."""
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None: ...
 

@@ -15,9 +15,11 @@ def create_store(settings: StateSettings) -> ResponseStore:
             key_prefix=settings.key_prefix,
             ttl_seconds=settings.ttl_seconds,
             timeout_seconds=settings.timeout_seconds,
+            max_chain_depth=settings.max_chain_depth,
         )
     return MemoryStore(
         max_entries=settings.memory_max_entries,
         max_bytes=settings.memory_max_bytes,
         ttl_seconds=settings.ttl_seconds,
+        max_chain_depth=settings.max_chain_depth,
     )

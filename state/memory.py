@@ -1,5 +1,8 @@
 """In-process ResponseStore: encoded blobs in an LRU bounded by entry count and total bytes,
 each with a TTL on the monotonic clock, plus an item-id index for ``get_items``.
+
+A chain lives as long as its newest member: ``put`` raises each ancestor's expiry to the new
+response's (the item index has no expiry of its own; it follows its response's entry).
 """
 
 from __future__ import annotations
@@ -45,11 +48,13 @@ class MemoryStore:
         max_entries: int = 10_000,
         max_bytes: int = 256 * 1024 * 1024,
         ttl_seconds: float = 30 * 24 * 3600,
+        max_chain_depth: int = 1000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.ttl_seconds = ttl_seconds
+        self.max_chain_depth = max_chain_depth  # how far a put extends ancestors' expiry
         self._clock = clock
         self._entries: OrderedDict[_Key, _Entry] = OrderedDict()  # least recently used first
         self._items: dict[_Key, str] = {}  # (tenant, item id) -> response id
@@ -83,6 +88,21 @@ class MemoryStore:
         self._entries.move_to_end(key)
         return entry
 
+    def _extend_ancestors(self, tenant: str, response_id: str | None, expires: float, now: float) -> None:
+        """Raise the expiry of ``response_id`` and its ancestors (up to ``max_chain_depth`` of them,
+        stopping at the first missing one) to at least ``expires``. Like a ``chain`` read, this
+        counts as a use for the LRU, so a live conversation is not evicted from under its newest
+        turn either."""
+        current = response_id
+        for _ in range(self.max_chain_depth):
+            if current is None:
+                return
+            entry = self._live((tenant, current), now)
+            if entry is None:
+                return
+            entry.expires = max(entry.expires, expires)
+            current = entry.prev
+
     def _evict(self, now: float) -> None:
         while self._entries:
             key, entry = next(iter(self._entries.items()))
@@ -101,8 +121,10 @@ class MemoryStore:
             log.warning("response %s (%d bytes) exceeds memory_max_bytes; not stored", key[1], len(blob))
             return
         now = self._clock()
+        expires = now + self.ttl_seconds
+        self._extend_ancestors(response.tenant, response.previous_response_id, expires, now)
         ids = tuple(codec.item_ids(response))
-        self._entries[key] = _Entry(blob, response.previous_response_id, now + self.ttl_seconds, ids)
+        self._entries[key] = _Entry(blob, response.previous_response_id, expires, ids)
         self._bytes += len(blob)
         for item_id in ids:
             self._items[(response.tenant, item_id)] = response.id

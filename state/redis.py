@@ -1,5 +1,8 @@
 """Redis ResponseStore: one hash per response (its own blob + ``prev`` pointer), chains walked
 server-side by a Lua script in one round trip, an item-id index, TTL on every key.
+
+A chain lives as long as its newest member: the put script, in the same round trip, walks the new
+response's ancestors and raises each one's TTL (and its item-index keys') to the new response's.
 """
 
 from __future__ import annotations
@@ -42,6 +45,37 @@ while true do
 end
 """
 
+# KEYS[1] the response's key, KEYS[2..] its item-index keys; ARGV[1] the response id, ARGV[2] the
+# previous response id ('' for none), ARGV[3] the blob, ARGV[4] the item ids (JSON), ARGV[5] the TTL
+# in ms, ARGV[6] / ARGV[7] the tenant's response-key / item-key prefix, ARGV[8] the max chain depth.
+# Stores the response, then walks up to ARGV[8] ancestors (stopping at the first missing one) and
+# raises the TTL of each, and of its item-index keys that still point at it, to ARGV[5] ms; a
+# longer TTL (or none) is left alone. Ancestor keys are derived, as in _CHAIN (same hash tag).
+_PUT = """
+local ttl = tonumber(ARGV[5])
+local function extend(k)
+  local left = redis.call('PTTL', k)
+  if left >= 0 and left < ttl then redis.call('PEXPIRE', k, ttl) end
+end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'prev', ARGV[2], 'blob', ARGV[3], 'items', ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ttl)
+for i = 2, #KEYS do redis.call('SET', KEYS[i], ARGV[1], 'PX', ttl) end
+local rid, depth = ARGV[2], tonumber(ARGV[8])
+while rid ~= '' and depth > 0 do
+  local key = ARGV[6] .. rid
+  local v = redis.call('HMGET', key, 'prev', 'items')
+  if not v[2] then return 1 end
+  extend(key)
+  for _, id in ipairs(cjson.decode(v[2])) do
+    local k = ARGV[7] .. id
+    if redis.call('GET', k) == rid then extend(k) end
+  end
+  rid, depth = v[1] or '', depth - 1
+end
+return 1
+"""
+
 # KEYS the item-index keys; ARGV[1] the tenant's response-key prefix.
 # Returns the blobs of the distinct responses the items point at.
 _ITEMS = """
@@ -80,7 +114,7 @@ class _Script:
         return sha1(self.source.encode()).hexdigest()
 
 
-CHAIN, ITEMS, DELETE = _Script(_CHAIN), _Script(_ITEMS), _Script(_DELETE)
+PUT, CHAIN, ITEMS, DELETE = _Script(_PUT), _Script(_CHAIN), _Script(_ITEMS), _Script(_DELETE)
 
 
 class RedisStore:
@@ -89,10 +123,17 @@ class RedisStore:
     scripts may touch keys they derive."""
 
     def __init__(
-        self, url: str, *, key_prefix: str = "orgw", ttl_seconds: int, timeout_seconds: float
+        self,
+        url: str,
+        *,
+        key_prefix: str = "orgw",
+        ttl_seconds: int,
+        timeout_seconds: float,
+        max_chain_depth: int = 1000,
     ) -> None:
         self.key_prefix = key_prefix
         self.ttl_ms = int(ttl_seconds * 1000)
+        self.max_chain_depth = max_chain_depth  # how far a put extends ancestors' TTLs
         self.timeout = timeout_seconds
         # one immediate retry on a fresh connection covers pooled sockets a Redis restart broke
         self._client: Redis = Redis.from_url(
@@ -144,22 +185,25 @@ class RedisStore:
 
     # -- ResponseStore -----------------------------------------------------------------------
     async def put(self, response: StoredResponse) -> None:
-        key = self.response_key(response.tenant, response.id)
+        """One script, one round trip: store the response and its item index with the TTL, and
+        extend its ancestors (see ``ResponseStore.put``) — at most ``max_chain_depth`` of them,
+        as deeper ones cannot be continued anyway. That walk costs a few server-side commands per
+        ancestor and per ancestor item (no blobs move), about what the continuation's ``chain``
+        read that preceded this put already cost."""
+        tenant = response.tenant
         ids = codec.item_ids(response)
-        pipe = self._client.pipeline(transaction=True)
-        pipe.delete(key)
-        pipe.hset(
-            key,
-            mapping={
-                "prev": response.previous_response_id or "",
-                "blob": codec.encode(response),
-                "items": orjson.dumps(ids),
-            },
-        )
-        pipe.pexpire(key, self.ttl_ms)
-        for item_id in ids:
-            pipe.set(self.item_key(response.tenant, item_id), response.id, px=self.ttl_ms)
-        await self._call(pipe.execute())
+        keys = [self.response_key(tenant, response.id), *(self.item_key(tenant, i) for i in ids)]
+        args = [
+            response.id,
+            response.previous_response_id or "",
+            codec.encode(response),
+            orjson.dumps(ids),
+            self.ttl_ms,
+            f"{self._base(tenant)}r:",
+            f"{self._base(tenant)}i:",
+            self.max_chain_depth,
+        ]
+        await self._call(self._script(PUT, keys, args))
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
         blob = await self._call(self._client.hget(self.response_key(tenant, response_id), "blob"))

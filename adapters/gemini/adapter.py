@@ -15,7 +15,8 @@ __all__ = ["GeminiAdapter"]
 
 
 class GeminiAdapter(HTTPStreamAdapter[GeminiStreamTranslator]):
-    """Streams deltas from the Gemini API (Generative Language API, ``x-goog-api-key``)."""
+    """Streams deltas from the Gemini API (Generative Language API, ``x-goog-api-key``);
+    ``:generateContent`` when the request need not stream."""
 
     json_reply = True
 
@@ -23,7 +24,9 @@ class GeminiAdapter(HTTPStreamAdapter[GeminiStreamTranslator]):
         return {"x-goog-api-key": key} if key else {}
 
     def url(self, request: UpstreamRequest) -> str:
-        return f"{self._base}/{model_path(request.model)}:streamGenerateContent?alt=sse"
+        if request.stream:
+            return f"{self._base}/{model_path(request.model)}:streamGenerateContent?alt=sse"
+        return f"{self._base}/{model_path(request.model)}:generateContent"
 
     def body(self, request: UpstreamRequest) -> dict[str, Any]:
         return build_body(request)

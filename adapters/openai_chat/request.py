@@ -40,8 +40,9 @@ def build_body(req: UpstreamRequest) -> dict[str, Any]:
     effort = (req.reasoning or {}).get("effort")
     if isinstance(effort, str):
         body["reasoning_effort"] = effort
-    body["stream"] = True
-    body["stream_options"] = {"include_usage": True}
+    if req.stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
     return body
 
 

@@ -52,9 +52,9 @@ def unwrap_encrypted(value: str) -> tuple[str | None, str]:
 
 
 def build_body(req: UpstreamRequest) -> dict[str, Any]:
-    """The streamed ``POST /responses`` body for ``req``."""
+    """The ``POST /responses`` body for ``req`` (streamed unless ``req.stream`` is False)."""
     items = build_input(req.items)
-    body: dict[str, Any] = {"model": req.model, "input": items, "stream": True, "store": False}
+    body: dict[str, Any] = {"model": req.model, "input": items, "stream": req.stream, "store": False}
     if req.instructions:
         body["instructions"] = req.instructions
     if req.tools:

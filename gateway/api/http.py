@@ -51,7 +51,9 @@ async def create_response(scope: Scope, receive: Receive, send: Send) -> None:
     async with DisconnectWatch(receive) as watch:
         prepared: Prepared | None = None
         try:
-            prepared = await gw.prepare(body, principal, on_done=lambda r: _done(request, rlog, r))
+            prepared = await gw.prepare(
+                body, principal, on_done=lambda r: _done(request, rlog, r), streaming=bool(body.stream)
+            )
             rlog.fields["provider"] = prepared.route.provider
             await prepared.turn.open()
         except GatewayError as err:

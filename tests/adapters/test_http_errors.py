@@ -7,6 +7,7 @@ import email.utils
 import time
 from typing import Any
 
+import aiohttp
 import httpx
 import orjson
 import pytest
@@ -162,21 +163,24 @@ def test_parse_retry_after_forms() -> None:
 
 
 # -- map_transport_error --------------------------------------------------------------------------
-_REQ = httpx.Request("POST", f"http://127.0.0.1:1/v1/chat/completions?key={SECRET}")
+_CONN_KEY = aiohttp.client_reqrep.ConnectionKey("127.0.0.1", 1, False, True, None, None, None)
 
 
 @pytest.mark.parametrize(
     ("exc", "cls", "retryable"),
     [
-        (httpx.ConnectError("refused 127.0.0.1", request=_REQ), UpstreamConnectError, True),
-        (httpx.ConnectTimeout("timed out http://x", request=_REQ), UpstreamConnectError, True),
-        (httpx.ReadTimeout("read", request=_REQ), UpstreamTimeout, True),
-        (httpx.WriteTimeout("write", request=_REQ), UpstreamTimeout, True),
-        (httpx.PoolTimeout("pool", request=_REQ), UpstreamTimeout, True),
+        (
+            aiohttp.ClientConnectorError(_CONN_KEY, OSError(111, f"refused {SECRET}")),
+            UpstreamConnectError,
+            True,
+        ),
+        (aiohttp.ConnectionTimeoutError(f"timed out http://x?key={SECRET}"), UpstreamConnectError, True),
+        (aiohttp.SocketTimeoutError("read"), UpstreamTimeout, True),
         (TimeoutError(), UpstreamTimeout, True),
-        (httpx.RemoteProtocolError("peer closed", request=_REQ), UpstreamError, True),
-        (httpx.ReadError("reset", request=_REQ), UpstreamError, True),
-        (httpx.UnsupportedProtocol("ftp://", request=_REQ), UpstreamError, False),
+        (aiohttp.ServerDisconnectedError(), UpstreamError, True),
+        (aiohttp.ClientPayloadError("truncated"), UpstreamError, True),
+        (aiohttp.ClientOSError(104, "reset"), UpstreamError, True),
+        (aiohttp.InvalidURL(f"ftp://x?key={SECRET}"), UpstreamError, False),
     ],
 )
 def test_transport_errors(exc: BaseException, cls: type[UpstreamError], retryable: bool) -> None:
@@ -190,8 +194,9 @@ def test_create_client_settings() -> None:
         kind="openai-chat", timeouts=Timeouts(connect=3, read=40, total=100), max_connections=7
     )
     client = create_client(s)
-    assert client.timeout.connect == 3 and client.timeout.read == 40
-    assert not client.follow_redirects
+    t = client.timeout(100)
+    assert (t.total, t.sock_connect, t.sock_read) == (100, 3, 40)
+    assert client.max_connections == 7
 
 
 # -- open_stream over real sockets ----------------------------------------------------------------

@@ -25,7 +25,8 @@ from tests.fakes.scripted import Ask, Event, Reject, Reply, ScriptedFake, pieces
 
 __all__ = ["FakeGemini", "Reply"]
 
-_PATH = re.compile(r"^/v1beta/models/([^/:]+):streamGenerateContent$")
+_PATH = re.compile(r"^/v1beta/models/([^/:]+):(streamGenerateContent|generateContent)$")
+_WHOLE = "|whole"  # route() marks a :generateContent call on the model name it returns
 _ERRORS = {
     "rate_limit": (429, "RESOURCE_EXHAUSTED"),
     "overloaded": (503, "UNAVAILABLE"),
@@ -93,9 +94,37 @@ class FakeGemini(ScriptedFake):
 
     def route(self, method: str, path: str, query: str) -> str | None:
         match = _PATH.match(path)
-        if method != "POST" or match is None or "alt=sse" not in query.split("&"):
+        if method != "POST" or match is None:
             return None
-        return match.group(1)
+        if match.group(2) == "generateContent":
+            return match.group(1) + _WHOLE
+        return match.group(1) if "alt=sse" in query.split("&") else None
+
+    def whole(self, reply: Reply, body: dict[str, Any], model: str) -> dict[str, Any] | None:
+        """``:generateContent``: the stream's chunks merged into one response (a reply scripted to
+        fail or stop mid-stream still streams: the gateway must cope with either)."""
+        if not model.endswith(_WHOLE) or reply.stream_error or not reply.terminal or reply.events:
+            return None
+        if reply.disconnect_after is not None:
+            return None
+        chunks = [data for _, data in self.render(reply, body, model) if isinstance(data, dict)]
+        parts: list[dict[str, Any]] = []
+        for chunk in chunks:
+            for part in chunk["candidates"][0]["content"]["parts"]:
+                last = parts[-1] if parts else None
+                if (
+                    last is not None
+                    and "text" in part
+                    and "text" in last
+                    and bool(part.get("thought")) == bool(last.get("thought"))
+                    and "thoughtSignature" not in part
+                ):
+                    last["text"] += part["text"]
+                elif part.get("text") != "" or "thoughtSignature" in part:
+                    parts.append(dict(part))
+        final = chunks[-1]
+        candidate = {**final["candidates"][0], "content": {"parts": parts, "role": "model"}}
+        return {**final, "candidates": [candidate]}
 
     def check(self, headers: dict[str, str], body: Any) -> None:
         if not headers.get("x-goog-api-key"):
@@ -179,6 +208,7 @@ class FakeGemini(ScriptedFake):
         return {"error": {"code": status or code, "message": message, "status": state}}
 
     def render(self, reply: Reply, body: dict[str, Any], model: str) -> list[Event]:
+        model = model.removesuffix(_WHOLE)
         r = reply
         rid = os.urandom(8).hex()
         out: list[Event] = []

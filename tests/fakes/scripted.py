@@ -295,8 +295,8 @@ class FakeUpstream(Generic[R]):
             reply = self.default
         else:
             reply = self.fallback(body, len(raw))
-        if reply.delay:
-            await asyncio.sleep(reply.delay)
+        if reply.delay and await self._gone_during(reply.delay, receive):
+            return
         if reply.status >= 300:
             payload = reply.body
             if payload is None:
@@ -311,6 +311,21 @@ class FakeUpstream(Generic[R]):
         events = reply.events if reply.events is not None else self.render(reply, body, model)
         await self._stream(reply, events, receive, send)
 
+    async def _gone_during(self, seconds: float, receive: Receive) -> bool:
+        """Wait ``seconds`` (a model thinking before it answers); True if the client left meanwhile."""
+        self.streaming.set()  # the call is under way, as far as the client can tell
+        gone = asyncio.Event()
+        watcher = asyncio.create_task(_watch_disconnect(receive, gone))
+        try:
+            await _sleep_or_gone(seconds, gone)
+        except _ClientGone:
+            self.disconnects += 1
+            self.disconnected.set()
+            return True
+        finally:
+            watcher.cancel()
+        return False
+
     def frame(self, name: str | None, data: dict[str, Any] | str, nl: str) -> bytes:
         head = f"event: {name}{nl}" if name and self.named_events else ""
         payload = data.encode() if isinstance(data, str) else orjson.dumps(data)
@@ -322,13 +337,7 @@ class FakeUpstream(Generic[R]):
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         self.streaming.set()
         gone = asyncio.Event()
-
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            gone.set()
-
-        watcher = asyncio.create_task(watch())
+        watcher = asyncio.create_task(_watch_disconnect(receive, gone))
         nl = reply.line_ending or self.line_ending
         try:
             frames = []
@@ -380,6 +389,12 @@ def _kind_of(status: int) -> str:
 
 class _ClientGone(Exception):
     pass
+
+
+async def _watch_disconnect(receive: Receive, gone: asyncio.Event) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    gone.set()
 
 
 async def _sleep_or_gone(seconds: float, gone: asyncio.Event) -> None:

@@ -199,7 +199,10 @@ async def test_length_becomes_incomplete(served: ServedApp, fake: FakeOpenAIChat
 async def test_client_going_away_cancels_the_upstream(
     served: ServedApp, fake: FakeOpenAIChat, stream: bool
 ) -> None:
-    fake.add(Reply.text("a b c d e f g h i j", pieces=10, chunk_delay=0.5, split=None))
+    # Streamed upstream: the answer trickles in; unstreamed (a JSON client): the model "thinks" first.
+    reply = Reply.text("a b c d e f g h i j", pieces=10, chunk_delay=0.5, split=None)
+    reply.delay = 0.0 if stream else 10.0
+    fake.add(reply)
     async with httpx.AsyncClient(base_url=served.base_url, timeout=20) as c:
         if stream:
             async with c.stream(
@@ -217,3 +220,22 @@ async def test_client_going_away_cancels_the_upstream(
     gone_at = time.monotonic()
     await asyncio.wait_for(fake.disconnected.wait(), timeout=1.5)
     assert time.monotonic() - gone_at < 1.5
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_json_client_gets_one_unstreamed_upstream_call(
+    served: ServedApp, fake: FakeOpenAIChat, stream: bool
+) -> None:
+    fake.add(Reply.text("one two three", pieces=3, usage=(5, 3)))
+    r = await post(served, {"input": "x", "stream": stream})
+    assert r.status_code == 200
+    final = events_of(r)[-1]["response"] if stream else r.json()
+    assert final["status"] == "completed" and final["usage"]["output_tokens"] == 3
+    assert final["output"][0]["content"][0]["text"] == "one two three"
+    [rec] = fake.requests
+    if stream:
+        assert rec.body["stream"] is True and rec.body["stream_options"] == {"include_usage": True}
+        assert rec.headers["accept"] == "text/event-stream"
+    else:
+        assert "stream" not in rec.body and "stream_options" not in rec.body
+        assert rec.headers["accept"] == "application/json"

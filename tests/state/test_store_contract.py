@@ -128,6 +128,49 @@ async def test_ttl_expiry(make_store: StoreFactory) -> None:
     assert await store.delete("tenant-a", turns[0].id) is False
 
 
+async def _sleep_until(deadline: float) -> None:
+    await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+
+
+async def test_storing_a_continuation_extends_the_chain_to_its_ttl(make_store: StoreFactory) -> None:
+    """A chain lives as long as its newest member: storing turn 2 extends turn 1 (and turn 1's
+    item-index entries) to turn 2's TTL, so turn 2 can still be continued after turn 1's own TTL."""
+    ttl = 3
+    store = await make_store(ttl_seconds=ttl)
+    first = make_response(text="turn 1")
+    await store.put(first)
+    first_expires_by = time.monotonic() + ttl  # turn 1's own TTL ends no later than this
+    await asyncio.sleep(1.5)
+    second_expires_after = time.monotonic() + ttl  # turn 2's TTL ends no earlier than this
+    second = make_response(prev=first.id, text="turn 2")
+    await store.put(second)
+    # 0.5 s past turn 1's own expiry, ~1 s before turn 2's: room for this VM's stalls either side
+    await _sleep_until(first_expires_by + 0.5)
+    assert await store.chain("tenant-a", second.id, 10) == [first, second]
+    assert await store.get("tenant-a", first.id) == first
+    items = [first.input_items[0]["id"], first.output_items[0]["id"]]
+    assert len(await store.get_items("tenant-a", items)) == 2
+    assert time.monotonic() < second_expires_after, "stalled past turn 2's TTL: inconclusive"
+
+
+async def test_reads_do_not_extend_the_ttl(make_store: StoreFactory) -> None:
+    ttl = 2
+    store = await make_store(ttl_seconds=ttl)
+    turns = await put_chain(store, 2)
+    expires_by = time.monotonic() + ttl
+    items = [turns[0].input_items[0]["id"], turns[1].output_items[0]["id"]]
+    await asyncio.sleep(1.0)  # reads well inside the TTL; extending from here would outlive expires_by
+    assert await store.get("tenant-a", turns[0].id) == turns[0]
+    assert await store.get("tenant-a", turns[1].id) == turns[1]
+    assert await store.chain("tenant-a", turns[1].id, 10) == turns
+    assert len(await store.get_items("tenant-a", items)) == 2
+    await _sleep_until(expires_by + 0.5)
+    assert await store.get("tenant-a", turns[0].id) is None
+    assert await store.get("tenant-a", turns[1].id) is None
+    assert await store.chain("tenant-a", turns[1].id, 10) is None
+    assert await store.get_items("tenant-a", items) == {}
+
+
 async def test_delete(store: ResponseStore) -> None:
     turns = await put_chain(store, 2)
     victim = turns[0]
@@ -237,6 +280,34 @@ async def test_memory_ttl_uses_the_injected_monotonic_clock() -> None:
     assert len(store) == 0 and store.total_bytes == 0 and not store._items
 
 
+async def test_memory_put_extends_ancestors_on_the_injected_clock() -> None:
+    now = [1000.0]
+    store = MemoryStore(ttl_seconds=10, max_chain_depth=3, clock=lambda: now[0])
+    turns = await put_chain(store, 4)  # all expire at 1010
+    keep = store._entries[("tenant-a", turns[0].id)]
+    keep.expires = 2000.0  # a longer expiry is never shortened
+    now[0] += 6
+    child = make_response(prev=turns[-1].id)
+    await store.put(child)  # expires at 1016; extends 3 ancestors (max_chain_depth), not turns[0]
+    assert [store._entries[("tenant-a", t.id)].expires for t in turns] == [2000.0, 1016, 1016, 1016]
+    now[0] += 9.9
+    assert await store.chain("tenant-a", child.id, 10) == [*turns, child]
+    now[0] += 0.2  # the chain lives as long as its newest member, no longer
+    assert await store.get("tenant-a", child.id) is None
+    for t in turns[1:]:
+        assert await store.get("tenant-a", t.id) is None
+    assert await store.get("tenant-a", turns[0].id) == turns[0]
+
+
+def test_factory_passes_the_chain_depth(redis_url: str) -> None:
+    for settings in (
+        StateSettings(max_chain_depth=7),
+        StateSettings(redis_url=SecretStr(redis_url), max_chain_depth=7),
+    ):
+        store = create_store(settings)
+        assert isinstance(store, MemoryStore | RedisStore) and store.max_chain_depth == 7
+
+
 def test_factory_picks_the_backend(redis_url: str) -> None:
     assert isinstance(create_store(StateSettings()), MemoryStore)
     store = create_store(StateSettings(redis_url=SecretStr(redis_url), timeout_seconds=0.5))
@@ -309,7 +380,53 @@ async def test_redis_chain_is_one_round_trip(rstore: RedisStore, round_trips: li
     round_trips.clear()
     await rstore.put(make_response(prev=turns[-1].id))
     await rstore.get_items("tenant-a", [t.output_items[0]["id"] for t in turns])
-    assert len(round_trips) == 2  # a put is one MULTI pipeline; get_items is one script
+    assert len(round_trips) == 2  # a put (with its 25 ancestors' TTLs) and get_items: one script each
+
+
+async def test_redis_put_extends_ancestor_and_item_ttls(rstore: RedisStore, raw: aioredis.Redis) -> None:
+    turns = await put_chain(rstore, 4)
+    reused = make_response()  # re-sends turns[1]'s input item, so that index key now points here
+    reused.input_items.append(turns[1].input_items[0])
+    await rstore.put(reused)
+
+    def keys(t: Any) -> list[str]:
+        return [rstore.response_key("tenant-a", t.id)] + [
+            rstore.item_key("tenant-a", i) for i in codec.item_ids(t)
+        ]
+
+    for t in (*turns, reused):
+        for key in keys(t):
+            await raw.pexpire(key, 5_000)  # as if stored long ago
+    longer = rstore.response_key("tenant-a", turns[0].id)
+    await raw.pexpire(longer, 600_000)
+    shared = rstore.item_key("tenant-a", turns[1].input_items[0]["id"])
+
+    await rstore.put(make_response(prev=turns[-1].id))
+    assert 590_000 < await raw.pttl(longer) <= 600_000  # never shortened
+    for t in turns:
+        for key in keys(t):
+            if key not in (longer, shared):
+                assert 50_000 < await raw.pttl(key) <= 60_000, key
+    assert await raw.pttl(shared) <= 5_000  # it belongs to `reused`, which is no ancestor
+    for key in keys(reused):
+        assert await raw.pttl(key) <= 5_000
+
+
+async def test_redis_put_extends_no_further_than_max_chain_depth(
+    redis_url: str, key_prefix: str, raw: aioredis.Redis
+) -> None:
+    store = RedisStore(
+        redis_url, key_prefix=key_prefix, ttl_seconds=60, timeout_seconds=2.0, max_chain_depth=2
+    )
+    try:
+        turns = await put_chain(store, 3)
+        for t in turns:
+            await raw.pexpire(store.response_key("tenant-a", t.id), 5_000)
+        await store.put(make_response(prev=turns[-1].id))
+        ttls = [await raw.pttl(store.response_key("tenant-a", t.id)) for t in turns]
+        assert ttls[0] <= 5_000 and all(50_000 < ms <= 60_000 for ms in ttls[1:])
+    finally:
+        await store.aclose()
 
 
 async def test_redis_undecodable_blob_is_missing(rstore: RedisStore, raw: aioredis.Redis) -> None:
