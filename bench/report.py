@@ -230,6 +230,14 @@ def render(r: dict[str, Any]) -> str:
         t.row("gateway peak RSS after HTTP+SSE", num(_mb(mem, "gateway_after_http_kb", "VmHWM"), 1))
         t.row("gateway peak RSS at end (incl. WS)", num(_mb(mem, "gateway_end_kb", "VmHWM"), 1))
         t.row("fake upstream peak RSS", num(_mb(mem, "upstream_end_kb", "VmHWM"), 1))
+        st = r.get("stored") or {}
+        b, a = get(st, "before_kb", "VmRSS"), get(st, "after_kb", "VmRSS")
+        if b and a and st.get("completed"):
+            t.row(
+                f"gateway RSS before / after {st['completed']:,} stored", num(b / 1024, 1), num(a / 1024, 1)
+            )
+            t.row("KiB of RSS per stored response", num((a - b) / st["completed"], 2))
+        t.text("relay stages send store=false; the stored responses are store=true mock JSON answers")
 
     if "info_json_c1" in r:
         t.title("With info-level access logs (a second gateway process, log to a file)")

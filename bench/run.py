@@ -122,6 +122,7 @@ class Plan:
     agent_turns: int
     ws_idle: int
     profile_seconds: float
+    stored: int  # store=true requests of the stored-responses stage
     settle_seconds: float  # at most this long waiting for the gateway to go idle before a stage
 
 
@@ -141,6 +142,7 @@ FULL = Plan(
     agent_reps=5,
     agent_turns=20,
     ws_idle=1000,
+    stored=10_000,
     profile_seconds=8,
     settle_seconds=4,
 )
@@ -162,6 +164,7 @@ QUICK = Plan(
     agent_reps=2,
     agent_turns=20,
     ws_idle=250,
+    stored=3000,
     profile_seconds=4,
     settle_seconds=2,
 )
@@ -208,8 +211,10 @@ def get_n(summary: dict[str, Any], key: str) -> int:
     return int(block.get("n", 0)) if isinstance(block, dict) else 0
 
 
-def gw_body(model: str, stream: bool, text: str = PROMPT) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": model, "input": text}
+def gw_body(model: str, stream: bool, text: str = PROMPT, store: bool = False) -> dict[str, Any]:
+    """A gateway request. The relay stages send ``store: false`` (what a proxy benchmark
+    measures); the stored-responses stage measures what ``store: true`` (the default) holds."""
+    body: dict[str, Any] = {"model": model, "input": text, "store": store}
     if stream:
         body["stream"] = True
     return body
@@ -314,6 +319,23 @@ class Bench:
             self.say(f"{name}: {exc}")
             return {"error": str(exc)}
 
+    def stored_responses(self, gw: GatewayHandle) -> dict[str, Any]:
+        """RSS before and after ``plan.stored`` store=true mock JSON requests (the in-process
+        store keeps each one; its default bound is 10,000 entries / 256 MiB)."""
+        n = self.plan.stored
+        before = proc_status(gw.pid)
+        body = gw_body("mock", False, store=True)
+        out = self.http(
+            f"{n} stored responses",
+            Stage(n, 60, rounds=1, warmup=0),
+            64,
+            gw,
+            {"gateway": target(gw.port, "/v1/responses", body)},
+        )
+        after = proc_status(gw.pid)
+        done = get_n(out.get("gateway", {}), "latency_ms") if isinstance(out, dict) else 0
+        return {"requests": n, "completed": done, "before_kb": before, "after_kb": after}
+
     def settle(self, pid: int, limit: float) -> float | None:
         """Wait (at most ``limit`` s) until the gateway is about idle: below 25% of a core over 0.25 s,
         so one stage's leftovers (streams of abandoned requests) do not eat into the next one. (Not
@@ -415,6 +437,8 @@ class Bench:
             self.websocket(gw)
         else:
             r["agent"] = {"skipped": "gateway/api/ws.py does not exist yet"}
+        # 4b. what the in-process store holds: store=true responses, up to its entry bound
+        r["stored"] = self.stored_responses(gw)
         r["memory"]["gateway_end_kb"] = proc_status(gw.pid)
         r["memory"]["upstream_end_kb"] = proc_status(up.pid)
         r["memory"]["load_end_kb"] = proc_status(self.load.proc.pid)

@@ -5,11 +5,12 @@ from __future__ import annotations
 from gateway.settings import StateSettings
 from state.base import ResponseStore
 from state.memory import MemoryStore
-from state.redis import RedisStore
 
 
 def create_store(settings: StateSettings) -> ResponseStore:
     if settings.redis_url is not None:
+        from state.redis import RedisStore  # imported only when configured: ~6 MB of RSS otherwise
+
         return RedisStore(
             settings.redis_url.get_secret_value(),
             key_prefix=settings.key_prefix,
