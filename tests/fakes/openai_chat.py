@@ -226,14 +226,21 @@ def smart_reply(body: Any) -> Reply:
 
 
 def main() -> None:
-    """``python -m tests.fakes.openai_chat PORT``: serve a smart fake on 127.0.0.1:PORT."""
-    import sys
+    """``python -m tests.fakes.openai_chat [--port N | N]``: serve a smart fake on 127.0.0.1."""
+    import argparse
 
     import uvicorn
 
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("port_arg", nargs="?", type=int, help="the port (same as --port)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9100)
+    args = parser.parse_args()
     fake = FakeOpenAIChat()
     fake.responder = smart_reply
-    uvicorn.run(fake, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+    port = args.port_arg or args.port
+    print(f"FakeOpenAIChat on http://{args.host}:{port}/v1", flush=True)
+    uvicorn.run(fake, host=args.host, port=port, log_level="warning", lifespan="off")
 
 
 if __name__ == "__main__":
