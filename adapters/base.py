@@ -44,6 +44,7 @@ class UpstreamRequest:
     frequency_penalty: float | None = None
     parallel_tool_calls: bool | None = None
     text_format: dict[str, Any] | None = None
+    verbosity: str | None = None  # text.verbosity: "low" | "medium" | "high"
     reasoning: dict[str, Any] | None = None
     max_tool_calls: int | None = None
     top_logprobs: int | None = None

@@ -136,6 +136,7 @@ def upstream_request(
         frequency_penalty=body.frequency_penalty,
         parallel_tool_calls=body.parallel_tool_calls,
         text_format=fmt,
+        verbosity=body.text.verbosity if body.text is not None else None,
         reasoning=body.reasoning.model_dump(exclude_none=True) if body.reasoning else None,
         max_tool_calls=body.max_tool_calls,
         top_logprobs=body.top_logprobs,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from adapters.anthropic.request import build_body
 from adapters.anthropic.stream import MessagesStreamTranslator
 from adapters.base import UpstreamRequest
-from adapters.streaming import HTTPStreamAdapter
+from adapters.deltas import Delta
+from adapters.streaming import HTTPStreamAdapter, json_object
 
 __all__ = ["AnthropicAdapter"]
 
@@ -16,6 +18,7 @@ class AnthropicAdapter(HTTPStreamAdapter[MessagesStreamTranslator]):
     """Streams deltas from the Anthropic Messages API (``x-api-key`` + ``anthropic-version``)."""
 
     path = "/v1/messages"
+    json_reply = True  # an unstreamed request (``request.stream`` False) gets one Message object
 
     def provider_headers(self, key: str | None) -> dict[str, str]:
         headers = {"anthropic-version": self.settings.anthropic_version}
@@ -28,3 +31,6 @@ class AnthropicAdapter(HTTPStreamAdapter[MessagesStreamTranslator]):
 
     def translator(self) -> MessagesStreamTranslator:
         return MessagesStreamTranslator()
+
+    def whole(self, translator: MessagesStreamTranslator, body: Any) -> Iterable[Delta]:
+        return translator.whole(json_object(body))

@@ -61,7 +61,8 @@ def build_body(req: UpstreamRequest, *, default_max_tokens: int) -> dict[str, An
             body["top_p"] = req.top_p
     if req.safety_identifier:
         body["metadata"] = {"user_id": req.safety_identifier}
-    body["stream"] = True
+    if req.stream:
+        body["stream"] = True
     return body
 
 
@@ -96,6 +97,9 @@ def _format_hint(text_format: dict[str, Any] | None) -> str | None:
 
 
 # -- messages ---------------------------------------------------------------------------------
+_OPENING = "."  # the user turn put before an assistant-first history (the API needs one, non-empty)
+
+
 def build_messages(req: UpstreamRequest) -> tuple[str, list[dict[str, Any]]]:
     """(system text, messages with strictly alternating roles)."""
     system: list[str] = [req.instructions] if req.instructions else []
@@ -137,6 +141,10 @@ def build_messages(req: UpstreamRequest) -> tuple[str, list[dict[str, Any]]]:
                 b for b in blocks if b["type"] != "tool_result"
             ]
         messages.append({"role": role, "content": blocks})
+    if messages and messages[0]["role"] == "assistant":
+        # The API refuses a history that opens with the assistant ("first message must use the
+        # user role"), which Open Responses allows: a minimal user turn opens it instead.
+        messages.insert(0, {"role": "user", "content": [{"type": "text", "text": _OPENING}]})
     return "\n\n".join(system), messages
 
 

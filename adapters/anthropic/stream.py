@@ -86,6 +86,19 @@ class MessagesStreamTranslator:
             raise stream_error(event.get("error"))
         return []  # ping, unknown future events
 
+    def whole(self, message: Mapping[str, Any]) -> list[Delta]:
+        """All deltas of an unstreamed Messages response: its blocks replayed as the events a
+        stream would have carried (complete blocks, as ``content_block_start`` allows)."""
+        if message.get("type") == "error":
+            raise stream_error(message.get("error"))
+        out = self.feed({"type": "message_start", "message": {"usage": message.get("usage")}})
+        for index, block in enumerate(message.get("content") or []):
+            if isinstance(block, Mapping):
+                out += self._start(index, block)
+                out += self._stop(index)
+        self._stop_reason = message.get("stop_reason") or self._stop_reason
+        return out + self.feed({"type": "message_stop"})
+
     def end(self) -> list[Delta]:
         """Checks the stream ended with ``message_stop``; raises ``UpstreamError`` otherwise."""
         if not self._done:

@@ -37,6 +37,8 @@ def build_body(req: UpstreamRequest) -> dict[str, Any]:
     response_format = _response_format(req.text_format)
     if response_format is not None:
         body["response_format"] = response_format
+    if req.verbosity is not None:
+        body["verbosity"] = req.verbosity  # OpenAI's Chat Completions parameter (GPT-5 family)
     effort = (req.reasoning or {}).get("effort")
     if isinstance(effort, str):
         body["reasoning_effort"] = effort

@@ -65,8 +65,13 @@ def build_body(req: UpstreamRequest) -> dict[str, Any]:
         value = getattr(req, name)
         if value is not None:
             body[name] = value
+    text: dict[str, Any] = {}
     if req.text_format is not None:
-        body["text"] = {"format": {k: v for k, v in req.text_format.items() if v is not None}}
+        text["format"] = {k: v for k, v in req.text_format.items() if v is not None}
+    if req.verbosity is not None:
+        text["verbosity"] = req.verbosity
+    if text:
+        body["text"] = text
     if req.reasoning:
         body["reasoning"] = {k: v for k, v in req.reasoning.items() if v is not None}
     include = list(req.include)

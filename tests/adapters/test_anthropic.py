@@ -134,7 +134,16 @@ def test_tool_results_come_first_in_a_merged_user_turn() -> None:
 def test_empty_assistant_text_is_dropped_and_phase_accepted() -> None:
     items = [assistant("", phase="commentary"), assistant("four", phase="final_answer"), user("again")]
     _, messages = build_messages(req(items))
-    assert messages[0] == {"role": "assistant", "content": [{"type": "text", "text": "four"}]}
+    assert messages[1] == {"role": "assistant", "content": [{"type": "text", "text": "four"}]}
+
+
+def test_an_assistant_first_history_gets_a_minimal_opening_user_turn() -> None:
+    # Open Responses allows a history that opens with the assistant; the Messages API does not.
+    _, messages = build_messages(req([assistant("Hi, I am your guide."), user("where to?")]))
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assert messages[0]["content"] == [{"type": "text", "text": "."}]
+    _, messages = build_messages(req([user("q"), assistant("a")]))
+    assert [m["role"] for m in messages] == ["user", "assistant"]  # nothing added otherwise
 
 
 def test_reasoning_with_signature_becomes_thinking_and_unsigned_is_dropped() -> None:
@@ -418,6 +427,44 @@ async def adapter(fake: FakeAnthropic) -> AsyncIterator[AnthropicAdapter]:
     )
     yield a
     await a.aclose()
+
+
+async def test_an_unstreamed_request_gets_one_message(fake: FakeAnthropic, adapter: AnthropicAdapter) -> None:
+    fake.add(
+        Reply(reasoning="think", signature="sig", answer="Hello there", calls=[("f", '{"a":1}', "toolu_1")])
+    )
+    out = await collect(adapter, req(stream=False))
+    [rec] = fake.requests
+    assert "stream" not in rec.body and rec.headers["accept"] == "application/json"
+    assert text_of(out) == "Hello there"
+    assert ReasoningEncrypted("sig") in out and ToolCallArgsDelta(2, '{"a":1}') in out
+    assert out[-1] == Finish("tool_calls")
+
+
+def test_whole_message_replays_its_blocks() -> None:
+    message = {
+        "type": "message",
+        "content": [
+            {"type": "thinking", "thinking": "hmm", "signature": "s1"},
+            {"type": "text", "text": "Hi"},
+            {"type": "tool_use", "id": "toolu_9", "name": "g", "input": {}},
+        ],
+        "stop_reason": "max_tokens",
+        "usage": {"input_tokens": 3, "cache_read_input_tokens": 2, "output_tokens": 5},
+    }
+    out = MessagesStreamTranslator().whole(message)
+    assert out == [
+        ReasoningSummaryDelta("hmm"),
+        ReasoningEncrypted("s1"),
+        ItemDone(),
+        TextDelta("Hi"),
+        ToolCallStart(2, "g", "toolu_9"),
+        ToolCallArgsDelta(2, "{}"),
+        Usage(input_tokens=5, output_tokens=5, cached_tokens=2, cache_write_tokens=0),
+        Finish("length"),
+    ]
+    with pytest.raises(UpstreamError):
+        MessagesStreamTranslator().whole({"type": "error", "error": {"type": "overloaded_error"}})
 
 
 async def test_headers_path_and_body(fake: FakeAnthropic, adapter: AnthropicAdapter) -> None:

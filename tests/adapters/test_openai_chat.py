@@ -288,6 +288,11 @@ def test_text_formats() -> None:
     assert "response_format" not in build_body(req(text_format={"type": "text"}))
 
 
+def test_verbosity_is_passed_only_when_asked() -> None:
+    assert build_body(req(verbosity="high"))["verbosity"] == "high"
+    assert "verbosity" not in build_body(req())
+
+
 # == stream translation (pure) ===============================================================
 def ch(delta: dict[str, Any] | None = None, finish: str | None = None) -> dict[str, Any]:
     return {"choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}]}

@@ -103,6 +103,12 @@ def test_body_is_stateless_and_complete() -> None:
     assert body["prompt_cache_key"] == "pck" and "include" not in body and "reasoning" not in body
 
 
+def test_verbosity_rides_in_text_and_an_unstreamed_request_says_so() -> None:
+    body = build_body(req(verbosity="low", stream=False))
+    assert body["text"] == {"verbosity": "low"} and body["stream"] is False
+    assert "text" not in build_body(req())
+
+
 def test_input_items_drop_gateway_ids_and_keep_phase_and_images() -> None:
     items = [
         {

@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import orjson
+
 from tests.fakes.scripted import Ask, Event, Reject, Reply, ScriptedFake, pieces, run_main
 
 __all__ = ["FakeAnthropic", "Reply"]
@@ -52,6 +54,8 @@ class FakeAnthropic(ScriptedFake):
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise Reject(400, "messages: at least one message is required")
+        if messages[0].get("role") != "user":
+            raise Reject(400, 'messages: first message must use the "user" role')
         pending: set[str] = set()  # tool_use ids of the previous assistant turn
         for n, msg in enumerate(messages):
             role = msg.get("role")
@@ -132,6 +136,37 @@ class FakeAnthropic(ScriptedFake):
 
     def error_body(self, status: int, message: str, kind: str) -> dict[str, Any]:
         return {"type": "error", "error": {"type": _ERRORS.get(kind, "api_error"), "message": message}}
+
+    def whole(self, reply: Reply, body: dict[str, Any], model: str) -> dict[str, Any] | None:
+        """``"stream"`` absent or false: the rendered stream folded into one Message object (a
+        reply scripted to fail or stop mid-stream still streams)."""
+        if body.get("stream") or reply.events or reply.stream_error or not reply.terminal:
+            return None
+        if reply.disconnect_after is not None:
+            return None
+        message: dict[str, Any] = {}
+        blocks: list[dict[str, Any]] = []
+        args: dict[int, str] = {}
+        for _, event in self.render(reply, body, model):
+            kind = event["type"]
+            if kind == "message_start":
+                message = dict(event["message"])
+            elif kind == "content_block_start":
+                blocks.append(dict(event["content_block"]))
+            elif kind == "content_block_delta":
+                block, delta = blocks[event["index"]], event["delta"]
+                if delta["type"] == "input_json_delta":
+                    args[event["index"]] = args.get(event["index"], "") + delta["partial_json"]
+                else:
+                    field = {"text_delta": "text", "thinking_delta": "thinking"}.get(delta["type"])
+                    field = field or "signature"
+                    block[field] = block.get(field, "") + delta[field]
+            elif kind == "message_delta":
+                message.update(event["delta"])
+                message["usage"] = {**message["usage"], **event["usage"]}
+        for index, text in args.items():
+            blocks[index]["input"] = orjson.loads(text or "{}")
+        return {**message, "content": blocks}
 
     def render(self, reply: Reply, body: dict[str, Any], model: str) -> list[Event]:
         r = reply
