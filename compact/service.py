@@ -11,10 +11,10 @@ import structlog
 from compact import strategy
 from compact.opener import SUMMARY_MESSAGE_HEADER, Opener
 from compact.seal import Sealer
-from compact.truncation import estimate_text
 from gateway.auth import Principal
 from gateway.context import build_context
 from gateway.errors import ServerError, UpstreamError
+from gateway.estimate import estimate_text
 from gateway.ids import new_id, response_id
 from gateway.routing import Route
 from gateway.service import Gateway

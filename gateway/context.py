@@ -17,10 +17,21 @@ Item = dict[str, Any]
 CompactionOpener = Callable[[CompactionItem, str], list[Item]]
 
 
+@dataclass(slots=True, frozen=True)
+class Transcript:
+    """A cached effective transcript and what is already known of it, so that a continuation
+    costs its new items, not the length of the conversation: the estimated tokens
+    (``gateway/estimate.py``; None when not counted) and the ids of its function calls."""
+
+    items: list[Item]
+    tokens: int | None
+    calls: frozenset[str]
+
+
 class ConnectionCache(Protocol):
     """What a WebSocket keeps per connection (state/connection.py)."""
 
-    def get_transcript(self, response_id: str) -> list[Item] | None: ...
+    def get_transcript(self, response_id: str) -> Transcript | None: ...
 
     def find_item(self, item_id: str) -> Item | None: ...
 
@@ -29,6 +40,9 @@ class ConnectionCache(Protocol):
 class Context:
     history: list[Item]  # items inherited through previous_response_id
     new_items: list[Item]  # this turn's own input, normalized (what gets stored for it)
+    calls: frozenset[str] = frozenset()  # call ids of the function calls in the transcript
+    history_tokens: int | None = None  # the history's estimated tokens, when a cache knew them
+    tokens: int | None = None  # the transcript's estimated tokens, once fit_context counted them
 
     @property
     def transcript(self) -> list[Item]:
@@ -41,7 +55,7 @@ async def _history(
     store: ResponseStore,
     cache: ConnectionCache | None,
     max_depth: int,
-) -> list[Item]:
+) -> Transcript | list[Item]:
     if cache is not None:
         cached = cache.get_transcript(previous_id)
         if cached is not None:
@@ -67,8 +81,13 @@ async def build_context(
     max_depth: int = 1000,
 ) -> Context:
     history: list[Item] = []
+    known: Transcript | None = None
     if previous_response_id:
-        history = await _history(previous_response_id, tenant, store, cache, max_depth)
+        found = await _history(previous_response_id, tenant, store, cache, max_depth)
+        if isinstance(found, Transcript):
+            known, history = found, found.items
+        else:
+            history = found
 
     new_items: list[Item] = []
     if isinstance(input_, str):
@@ -91,8 +110,13 @@ async def build_context(
                     raise
             else:
                 new_items.append(normalize(item))
-    check_call_ids(history, new_items)
-    return Context(history=history, new_items=new_items)
+    calls = check_call_ids(history, new_items, known.calls if known is not None else None)
+    return Context(
+        history=history,
+        new_items=new_items,
+        calls=calls,
+        history_tokens=known.tokens if known is not None else None,
+    )
 
 
 async def _resolve_refs(
@@ -119,25 +143,35 @@ async def _resolve_refs(
     return found
 
 
-def check_call_ids(history: list[Item], new_items: list[Item]) -> None:
-    """Every function_call_output must answer an earlier function_call; call ids are unique."""
-    calls: set[str] = {i["call_id"] for i in history if i.get("type") == "function_call"}
+def call_ids(items: list[Item]) -> frozenset[str]:
+    return frozenset(i["call_id"] for i in items if i.get("type") == "function_call")
+
+
+def check_call_ids(
+    history: list[Item], new_items: list[Item], history_calls: frozenset[str] | None = None
+) -> frozenset[str]:
+    """Every function_call_output must answer an earlier function_call; call ids are unique.
+    Returns the call ids of history and new items (``history_calls``: the history's, if known)."""
+    known = call_ids(history) if history_calls is None else history_calls
+    calls: set[str] = set()  # the new items' own
+
     for index, item in enumerate(new_items):
         kind = item.get("type")
         if kind == "function_call":
-            if item["call_id"] in calls and not _same_call(history, item):
+            if (item["call_id"] in known or item["call_id"] in calls) and not _same_call(history, item):
                 raise InvalidRequest(
                     f"Duplicate function call id '{item['call_id']}'.",
                     param=f"input[{index}].call_id",
                     code="duplicate_call_id",
                 )
             calls.add(item["call_id"])
-        elif kind == "function_call_output" and item["call_id"] not in calls:
+        elif kind == "function_call_output" and item["call_id"] not in calls and item["call_id"] not in known:
             raise InvalidRequest(
                 f"No tool call found for function call output with call_id '{item['call_id']}'.",
                 param=f"input[{index}].call_id",
                 code="invalid_function_call_output",
             )
+    return known | calls if calls else known
 
 
 def _same_call(history: list[Item], item: Item) -> bool:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
+from gateway.context import Context, Transcript
+from gateway.estimate import estimate
 from gateway.items import output_as_input
 
 Item = dict[str, Any]
@@ -19,7 +21,8 @@ class ConnectionCache:
     """Implements ``gateway.context.ConnectionCache`` for one connection.
 
     Transcripts share their item dicts with the turn that produced them (and with each other),
-    so an entry costs one list of references, not a copy of the history."""
+    so an entry costs one list of references, not a copy of the history. Each keeps its estimated
+    tokens and call ids, so a continuation counts and checks only its new items."""
 
     __slots__ = ("_entries", "max_entries")
 
@@ -27,7 +30,7 @@ class ConnectionCache:
         if max_entries < 1:
             raise ValueError("max_entries must be at least 1")
         self.max_entries = max_entries
-        self._entries: OrderedDict[str, list[Item]] = OrderedDict()
+        self._entries: OrderedDict[str, Transcript] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -35,7 +38,7 @@ class ConnectionCache:
     def __contains__(self, response_id: object) -> bool:
         return response_id in self._entries
 
-    def get_transcript(self, response_id: str) -> list[Item] | None:
+    def get_transcript(self, response_id: str) -> Transcript | None:
         transcript = self._entries.get(response_id)
         if transcript is not None:
             self._entries.move_to_end(response_id)
@@ -44,20 +47,29 @@ class ConnectionCache:
     def find_item(self, item_id: str) -> Item | None:
         # Newest first: the latest transcript usually contains the whole chain.
         for transcript in reversed(self._entries.values()):
-            for item in transcript:
+            for item in transcript.items:
                 if item.get("id") == item_id:
                     return item
         return None
 
-    def put(self, response_id: str, transcript: list[Item]) -> None:
+    def put(self, response_id: str, transcript: Transcript) -> None:
         self._entries[response_id] = transcript
         self._entries.move_to_end(response_id)
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
 
-    def remember(self, response_id: str, transcript: list[Item], output: list[Item]) -> None:
+    def remember(self, response_id: str, context: Context, output: list[Item]) -> None:
         """Cache a finished turn: the transcript it ran on plus its output items in input form."""
-        self.put(response_id, [*transcript, *(output_as_input(o) for o in output)])
+        produced = [output_as_input(o) for o in output]
+        calls = {o["call_id"] for o in produced if o.get("type") == "function_call"}
+        self.put(
+            response_id,
+            Transcript(
+                items=[*context.transcript, *produced],
+                tokens=None if context.tokens is None else context.tokens + estimate(produced),
+                calls=context.calls | calls if calls else context.calls,
+            ),
+        )
 
     def evict(self, response_id: str) -> None:
         self._entries.pop(response_id, None)

@@ -317,7 +317,7 @@ class Connection:
         finally:
             result = turn.result
             if finished and result.status in _ENDED:
-                self.cache.remember(turn.builder.resource["id"], prepared.context.transcript, result.output)
+                self.cache.remember(turn.builder.resource["id"], prepared.context, result.output)
             elif previous is not None:
                 self.cache.evict(previous)
             usage = result.usage or {}

@@ -9,7 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters.mock.adapter import MockAdapter
-from compact.truncation import (
+from compact.truncation import fit_context
+from gateway.context import Context, check_call_ids
+from gateway.errors import ContextLengthExceeded
+from gateway.estimate import (
     FILE_TOKENS,
     IMAGE_LOW_TOKENS,
     IMAGE_TOKENS,
@@ -17,10 +20,7 @@ from compact.truncation import (
     estimate,
     estimate_item,
     estimate_text,
-    fit_context,
 )
-from gateway.context import Context, check_call_ids
-from gateway.errors import ContextLengthExceeded
 from gateway.routing import Route
 
 Item = dict[str, Any]
@@ -162,3 +162,16 @@ def test_auto_result_fits_keeps_order_and_pairs(spec: list[tuple[str, int]]) -> 
     assert items[-1] in result
     assert all(i in result for i in items if i.get("role") == "system")
     check_call_ids([], result)
+
+
+def test_a_known_history_size_is_not_recounted() -> None:
+    # A WebSocket continuation carries its history's size from the connection cache: only the new
+    # items are counted (a conversation of N turns costs N counts, not N²/2).
+    history = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x" * 4000}]}]
+    new = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}]
+    ctx = Context(history=history, new_items=new, history_tokens=10)
+    assert fit_context(ctx, route(100), "disabled") is ctx
+    assert ctx.tokens == 10 + estimate(new)
+    uncounted = Context(history=history, new_items=new)
+    with pytest.raises(ContextLengthExceeded):
+        fit_context(uncounted, route(100), "disabled")

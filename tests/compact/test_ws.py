@@ -79,3 +79,36 @@ async def test_tampered_item_on_a_websocket_is_a_turn_error_with_no_upstream_cal
                 events = await turn(ws, model="m", store=False, input=[*window, user("go")])
                 assert events[-1]["type"] == "response.completed"
         assert "WS-SUMMARY of cobalt" in sent_text(fake)
+
+
+async def test_a_websocket_chain_is_measured_against_the_window_in_full() -> None:
+    # The connection cache keeps each transcript's estimated size, so a continuation counts only its
+    # new items; the decision must still be the one the whole transcript would get.
+    async with FakeOpenAIChat.serve() as fake:
+        fake.add(Reply.text("ok"), Reply.text("ok"), Reply.text("ok"))
+        with serve_gateway(upstream_settings(fake)) as gw:
+            async with connect(gw.ws_url + "/v1/responses", proxy=None) as ws:
+
+                async def small(text: str, prev: dict[str, Any] | None, **extra: Any) -> list[dict[str, Any]]:
+                    previous = prev["response"]["id"] if prev else None
+                    body = {"model": "small", "store": False, "input": text, **extra}
+                    return await turn(ws, previous_response_id=previous, **body)
+
+                # each 480-byte input is ~124 tokens, each "ok" ~5: two turns fit in 300, three do not
+                first = (await small("a" * 480, None))[-1]
+                assert first["type"] == "response.completed"
+                second = (await small("b" * 480, first))[-1]
+                assert second["type"] == "response.completed"
+                # truncation: auto drops the oldest turn; the upstream sees the rest
+                fake.reset()
+                fake.add(Reply.text("ok"))
+                third = await small("c" * 480, second, truncation="auto")
+                assert third[-1]["type"] == "response.completed"
+                sent = sent_text(fake)
+                assert "c" * 480 in sent and "b" * 480 in sent and "a" * 480 not in sent
+                # truncation: disabled (the default) refuses the same continuation before any upstream call
+                fake.reset()
+                refused = await small("c" * 480, second)
+                assert refused[-1]["type"] == "error"
+                assert refused[-1]["error"]["code"] == "context_length_exceeded"
+                assert fake.requests == []
