@@ -1,4 +1,5 @@
-"""Continuation cost vs chain length: ``chain()`` latency and bytes read, memory vs Redis.
+"""Continuation cost vs chain length, memory vs Redis: ``chain()`` (what a continuation reads)
+latency and bytes read, and ``put()`` of the continuation (which extends its ancestors' TTLs).
 
 Run from the repo root: ``python -m bench.chain_cost`` (Redis from ``REDIS_URL``, else
 127.0.0.1:6379, else a private redis-server). Takes a few seconds.
@@ -79,7 +80,11 @@ class RoundTrips:
         AbstractConnection.send_packed_command = self._original  # type: ignore[method-assign]
 
 
-async def measure(name: str, store: ResponseStore) -> list[tuple[str, int, float, float, int, float]]:
+def p50_ms(times: list[float]) -> float:
+    return statistics.median(times) * 1000
+
+
+async def measure(name: str, store: ResponseStore) -> list[tuple[str, int, float, float, int, float, float]]:
     rows = []
     for n in LENGTHS:
         head = await build_chain(store, n)
@@ -93,9 +98,15 @@ async def measure(name: str, store: ResponseStore) -> list[tuple[str, int, float
                 await store.chain(TENANT, head, 1000)
                 times.append(time.perf_counter() - started)
         times.sort()
-        p50 = statistics.median(times) * 1000
+        p50 = p50_ms(times)
         p95 = times[int(len(times) * 0.95) - 1] * 1000
-        rows.append((name, n, p50, p95, read, trips.count / ITERATIONS[n]))
+        puts = []
+        for i in range(ITERATIONS[n]):
+            continuation = turn(head, n + i)
+            started = time.perf_counter()
+            await store.put(continuation)
+            puts.append(time.perf_counter() - started)
+        rows.append((name, n, p50, p95, read, trips.count / ITERATIONS[n], p50_ms(puts)))
     return rows
 
 
@@ -109,10 +120,12 @@ async def main() -> None:
     finally:
         await redis.aclose()
         redis_server.delete_prefix(url, prefix)
-    header = ("store", "turns", "p50 ms", "p95 ms", "bytes read", "B/turn", "RTT/call")
-    print("{:<7} {:>5} {:>8} {:>8} {:>11} {:>7} {:>8}".format(*header))
-    for name, n, p50, p95, read, trips in rows:
-        print(f"{name:<7} {n:>5} {p50:>8.3f} {p95:>8.3f} {read:>11} {read // n:>7} {trips:>8.1f}")
+    header = ("store", "turns", "p50 ms", "p95 ms", "bytes read", "B/turn", "RTT/call", "put p50 ms")
+    print("{:<7} {:>5} {:>8} {:>8} {:>11} {:>7} {:>8} {:>10}".format(*header))
+    for name, n, p50, p95, read, trips, put in rows:
+        print(
+            f"{name:<7} {n:>5} {p50:>8.3f} {p95:>8.3f} {read:>11} {read // n:>7} {trips:>8.1f} {put:>10.3f}"
+        )
 
 
 if __name__ == "__main__":
