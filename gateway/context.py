@@ -1,6 +1,10 @@
 """Assemble the effective transcript of a turn: the ``previous_response_id`` chain (connection
 cache first, then the store), resolved ``item_reference``s, opened compaction items, then the new
-input — and check that every ``function_call_output`` answers a call in that context."""
+input — and check that every ``function_call_output`` answers a call in that context.
+
+A compaction item is opened for the upstream but stored as the client sent it (sealed): the store
+keeps no plaintext the client did not give it in plaintext, ``input_items`` lists what was sent, and
+a chain or a reference that reaches it opens it again."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gateway.errors import InvalidEncryptedContent, InvalidRequest, PreviousResponseNotFound
+from gateway.ids import new_id
 from gateway.items import message, normalize, output_as_input
 from gateway.spec.request import CompactionItem, ItemReference
 from state.base import ResponseStore
@@ -39,7 +44,8 @@ class ConnectionCache(Protocol):
 @dataclass(slots=True)
 class Context:
     history: list[Item]  # items inherited through previous_response_id
-    new_items: list[Item]  # this turn's own input, normalized (what gets stored for it)
+    new_items: list[Item]  # this turn's own input, normalized, compaction items opened
+    stored_items: list[Item] | None = None  # what gets stored for it, if not new_items (sealed)
     calls: frozenset[str] = frozenset()  # call ids of the function calls in the transcript
     history_tokens: int | None = None  # the history's estimated tokens, when a cache knew them
     tokens: int | None = None  # the transcript's estimated tokens, once fit_context counted them
@@ -55,6 +61,7 @@ async def _history(
     store: ResponseStore,
     cache: ConnectionCache | None,
     max_depth: int,
+    open_compaction: CompactionOpener | None,
 ) -> Transcript | list[Item]:
     if cache is not None:
         cached = cache.get_transcript(previous_id)
@@ -65,9 +72,24 @@ async def _history(
         raise PreviousResponseNotFound(previous_id)
     history: list[Item] = []
     for stored in chain:
-        history.extend(stored.input_items)
+        for item in stored.input_items:
+            if item.get("type") == "compaction":
+                history.extend(_reopen(item, tenant, open_compaction, "previous_response_id"))
+            else:
+                history.append(item)
         history.extend(output_as_input(o) for o in stored.output_items)
     return history
+
+
+def _reopen(item: Item, tenant: str, open_compaction: CompactionOpener | None, param: str) -> list[Item]:
+    """A stored (sealed) compaction item opened again."""
+    if open_compaction is None:
+        raise InvalidEncryptedContent("Compaction items are not accepted here.", param=param)
+    try:
+        return open_compaction(CompactionItem.model_validate(item), tenant)
+    except InvalidEncryptedContent as exc:
+        exc.param = param
+        raise
 
 
 async def build_context(
@@ -83,40 +105,56 @@ async def build_context(
     history: list[Item] = []
     known: Transcript | None = None
     if previous_response_id:
-        found = await _history(previous_response_id, tenant, store, cache, max_depth)
+        found = await _history(previous_response_id, tenant, store, cache, max_depth, open_compaction)
         if isinstance(found, Transcript):
             known, history = found, found.items
         else:
             history = found
 
     new_items: list[Item] = []
+    stored_items: list[Item] | None = None
     if isinstance(input_, str):
         new_items.append(message("user", input_))
     elif input_:
         refs = [i.id for i in input_ if isinstance(i, ItemReference)]
         resolved = await _resolve_refs(refs, tenant, store, cache, history) if refs else {}
+        stored: list[Item] = []  # the input as the client sent it (compaction items sealed)
+        sealed = False
         for index, item in enumerate(input_):
             if isinstance(item, ItemReference):
-                new_items.append(resolved[item.id])
+                given = resolved[item.id]
             elif isinstance(item, CompactionItem):
-                if open_compaction is None:
-                    raise InvalidEncryptedContent(
-                        "Compaction items are not accepted here.", param=f"input[{index}].encrypted_content"
-                    )
-                try:
-                    new_items.extend(open_compaction(item, tenant))
-                except InvalidEncryptedContent as exc:
-                    exc.param = f"input[{index}].encrypted_content"  # the opener cannot know the index
-                    raise
+                given = _sealed(item)
             else:
-                new_items.append(normalize(item))
+                given = normalize(item)
+            stored.append(given)
+            if given.get("type") == "compaction":
+                sealed = True
+                param = f"input[{index}].encrypted_content"  # the opener cannot know the index
+                new_items.extend(_reopen(given, tenant, open_compaction, param))
+            else:
+                new_items.append(given)
+        if sealed:
+            stored_items = stored
     calls = check_call_ids(history, new_items, known.calls if known is not None else None)
     return Context(
         history=history,
         new_items=new_items,
+        stored_items=stored_items,
         calls=calls,
         history_tokens=known.tokens if known is not None else None,
     )
+
+
+def _sealed(item: CompactionItem) -> Item:
+    out: Item = {
+        "type": "compaction",
+        "id": item.id or new_id("cmp"),
+        "encrypted_content": item.encrypted_content,
+    }
+    if item.created_by is not None:
+        out["created_by"] = item.created_by
+    return out
 
 
 async def _resolve_refs(

@@ -95,7 +95,7 @@ class Gateway:
                 tenant=principal.tenant,
                 model=route.model,
                 previous_response_id=body.previous_response_id,
-                input_items=ctx.new_items,
+                input_items=ctx.new_items if ctx.stored_items is None else ctx.stored_items,
                 resource=resource,
                 created_at=resource["created_at"],
                 stored_at=time.time(),

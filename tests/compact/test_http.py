@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from compact.opener import SUMMARY_MESSAGE_HEADER
 from compact.seal import key_id
@@ -31,6 +32,7 @@ from tests.compact.helpers import (
 )
 from tests.fakes.openai_chat import FakeOpenAIChat, Reply
 from tests.harness import ServedApp, serve_gateway
+from tests.redis_server import delete_prefix, redis_url, unique_prefix
 
 ZERO_USAGE = {
     "input_tokens": 0,
@@ -369,3 +371,48 @@ async def test_compacting_makes_an_over_long_conversation_fit() -> None:
             r = await post(gw, "/v1/responses", {"model": "small", "input": window})
         assert r.status_code == 200, r.text
         assert "SHORT SUMMARY" in sent_text(fake) and "SYSTEM-RULES" in sent_text(fake)
+
+
+async def test_a_stored_turn_keeps_the_compaction_item_sealed() -> None:
+    # store=true keeps what the client sent: the sealed item, never the opened summary's plaintext;
+    # continuing the chain (or referencing the item) opens it again for the upstream.
+    client = redis.Redis.from_url(redis_url())
+    p = unique_prefix()
+    try:
+        async with FakeOpenAIChat.serve() as fake:
+            fake.add(Reply.text("SEALED-SUMMARY-4471 of cobalt"))
+            state = {"redis_url": redis_url(), "key_prefix": p}
+            with serve_gateway(
+                upstream_settings(fake, compaction={"keep_recent_items": 1}, state=state)
+            ) as gw:
+                window = (
+                    await post(gw, "/v1/responses/compact", {"model": "m", "input": conversation(3)})
+                ).json()
+                sealed = next(i for i in window["output"] if i["type"] == "compaction")
+                fake.reset()
+                r = await post(gw, "/v1/responses", {"model": "m", "input": [*window["output"], user("go")]})
+                assert r.status_code == 200, r.text
+                first = r.json()
+                assert "SEALED-SUMMARY-4471" in sent_text(fake)  # opened for the upstream
+                async with httpx.AsyncClient(base_url=gw.base_url) as c:
+                    listed = (await c.get(f"/v1/responses/{first['id']}/input_items?order=asc")).json()
+                kept = [i for i in listed["data"] if i["type"] == "compaction"]
+                assert [(i["id"], i["encrypted_content"]) for i in kept] == [
+                    (sealed["id"], sealed["encrypted_content"])
+                ]
+                for key in client.scan_iter(match=f"{p}:*"):
+                    kind = client.type(key)
+                    blob = b"".join(client.hvals(key)) if kind == b"hash" else (client.get(key) or b"")
+                    assert b"SEALED-SUMMARY-4471" not in blob
+                # a continuation and a reference reach the summary again
+                fake.reset()
+                body = {"model": "m", "previous_response_id": first["id"], "input": "and now?"}
+                assert (await post(gw, "/v1/responses", body)).status_code == 200
+                assert "SEALED-SUMMARY-4471" in sent_text(fake)
+                fake.reset()
+                ref = {"model": "m", "input": [{"type": "item_reference", "id": sealed["id"]}, user("x")]}
+                assert (await post(gw, "/v1/responses", ref)).status_code == 200
+                assert "SEALED-SUMMARY-4471" in sent_text(fake)
+    finally:
+        client.close()
+        delete_prefix(redis_url(), p)
