@@ -1,0 +1,112 @@
+"""Upstream TLS: certificates are verified against the system trust store (which honours
+``SSL_CERT_FILE``); an untrusted certificate is a connect error, never a silent downgrade."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import ipaddress
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from adapters.http import create_client, open_stream
+from gateway.errors import UpstreamConnectError
+from gateway.settings import ProviderSettings
+
+BODY = b'{"ok":true}'
+
+
+def _self_signed(tmp: Path) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp / "cert.pem", tmp / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return cert_path, key_path
+
+
+@pytest.fixture
+async def tls_server(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
+    cert, key = _self_signed(tmp_path)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(
+                (
+                    int(v)
+                    for k, _, v in (h.partition(b":") for h in head.split(b"\r\n"))
+                    if k.lower() == b"content-length"
+                ),
+                0,
+            )
+            await reader.readexactly(length)
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                + f"content-length: {len(BODY)}\r\n\r\n".encode()
+                + BODY
+            )
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=ctx)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"https://127.0.0.1:{port}", cert
+    finally:
+        server.close()
+
+
+async def _call(url: str) -> bytes:
+    client = create_client(ProviderSettings(kind="openai-chat", base_url=url))
+    try:
+        async with open_stream(client, "POST", url + "/x", json_body={}, headers={}, total_timeout=10) as up:
+            return b"".join([c async for c in up.aiter_bytes()])
+    finally:
+        await client.aclose()
+
+
+async def test_an_untrusted_certificate_is_refused(tls_server: tuple[str, Path]) -> None:
+    url, _ = tls_server
+    with pytest.raises(UpstreamConnectError):
+        await _call(url)
+
+
+async def test_a_certificate_trusted_through_ssl_cert_file_works(
+    tls_server: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, cert = tls_server
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    assert await _call(url) == BODY
