@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+MAX_MODEL_LABELS = 1000  # pass-through models are open-ended: beyond this many, "_other"
 
 
 class Metrics:
@@ -15,10 +16,20 @@ class Metrics:
         self.latency_sum = 0.0
         self.latency_count = 0
         self.ws_connections = 0
+        self._models: set[str] = set()
+
+    def _label(self, model: str) -> str:
+        if model in self._models:
+            return model
+        if len(self._models) >= MAX_MODEL_LABELS or len(model) > 200:
+            return "_other"
+        self._models.add(model)
+        return model
 
     def observe(
         self, transport: str, model: str, status: str, seconds: float, usage: dict[str, int] | None
     ) -> None:
+        model = self._label(model)
         self.requests[(transport, model, status)] += 1
         if usage:
             self.tokens[(model, "input")] += usage.get("input_tokens", 0)

@@ -43,13 +43,17 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+_MAX_LOGGED_MODEL = 200  # characters of a (possibly bogus) model name in a log line
+
+
 class RequestLog:
     """Collects the fields of the one access-log line a request produces."""
 
-    __slots__ = ("fields", "start")
+    __slots__ = ("fields", "routed", "start")
 
     def __init__(self, request: Request, transport: str) -> None:
         self.start = time.perf_counter()
+        self.routed = False  # the model resolved to a route: it may label metrics
         self.fields: dict[str, Any] = {
             "request_id": request.headers.get("x-request-id") or new_id("req"),
             "transport": transport,
@@ -62,6 +66,13 @@ class RequestLog:
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
 
+    def metric_model(self) -> str:
+        """The model as a metrics label: only a routed one, so clients cannot mint label values."""
+        return str(self.fields.get("model")) if self.routed else "-"
+
     def emit(self, status: int | str, **extra: Any) -> None:
         self.fields.update(extra)
+        model = self.fields.get("model")
+        if isinstance(model, str) and len(model) > _MAX_LOGGED_MODEL:
+            self.fields["model"] = model[:_MAX_LOGGED_MODEL] + "…"
         access_log.info("request", status=status, latency_ms=round(self.elapsed() * 1000, 3), **self.fields)

@@ -30,6 +30,7 @@ async def compact_response(request: Request) -> Response:
         _observe(request, rlog, str(err.status), None)
         return error_response(err, headers)
     usage = result["usage"]
+    rlog.routed = True
     rlog.emit(200, input_tokens=usage["input_tokens"], output_tokens=usage["output_tokens"])
     _observe(request, rlog, "completed", usage)
     return Response(json_bytes(result), media_type="application/json", headers=headers)
@@ -37,5 +38,5 @@ async def compact_response(request: Request) -> Response:
 
 def _observe(request: Request, rlog: RequestLog, status: str, usage: dict[str, int] | None) -> None:
     request.app.state.metrics.observe(
-        "compact", str(rlog.fields.get("model") or "-"), status, rlog.elapsed(), usage
+        "compact", rlog.metric_model(), status, rlog.elapsed(), usage
     )

@@ -55,6 +55,7 @@ async def create_response(scope: Scope, receive: Receive, send: Send) -> None:
                 body, principal, on_done=lambda r: _done(request, rlog, r), streaming=bool(body.stream)
             )
             rlog.fields["provider"] = prepared.route.provider
+            rlog.routed = True
             await prepared.turn.open()
         except GatewayError as err:
             if prepared is not None:
@@ -124,5 +125,5 @@ def _done(request: Request, rlog: RequestLog, result: TurnResult) -> None:
 
 def _observe(request: Request, rlog: RequestLog, status: str, usage: dict[str, object] | None) -> None:
     request.app.state.metrics.observe(
-        rlog.fields["transport"], str(rlog.fields.get("model") or "-"), status, rlog.elapsed(), usage
+        rlog.fields["transport"], rlog.metric_model(), status, rlog.elapsed(), usage
     )

@@ -275,6 +275,7 @@ class Connection:
             body = parse_model(CreateResponseBody, data)
             prepared = await self.gw.prepare(body, self.principal, cache=self.cache)
             rlog.fields["provider"] = prepared.route.provider
+            rlog.routed = True
             await prepared.turn.open()
         except Exception as exc:
             if isinstance(exc, GatewayError):
@@ -332,7 +333,7 @@ class Connection:
             self._observe(rlog, status, result.usage)
 
     def _observe(self, rlog: RequestLog, status: str, usage: dict[str, Any] | None) -> None:
-        self.metrics.observe("websocket", str(rlog.fields.get("model") or "-"), status, rlog.elapsed(), usage)
+        self.metrics.observe("websocket", rlog.metric_model(), status, rlog.elapsed(), usage)
 
 
 def _parse(text: str) -> dict[str, Any]:
