@@ -118,6 +118,8 @@ class ModelRoute(_Strict):
 
 class Limits(_Strict):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    # input items + their content parts + tools of one request (validating them holds the event loop)
+    max_input_elements: int = Field(default=20_000, ge=10)
     max_events_per_stream: int = Field(default=200_000, ge=10)
     max_ws_frame_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     ws_connection_seconds: float = Field(default=3600.0, gt=0)

@@ -22,7 +22,8 @@ async def compact_response(request: Request) -> Response:
         principal = gw.auth.authenticate(request.headers.get("authorization"))
         rlog.fields["tenant"] = principal.tenant
         raw = await read_body(request, gw.settings.limits.max_body_bytes)
-        body = parse_model(CompactRequestBody, parse_json(raw))
+        limits = gw.settings.limits
+        body = parse_model(CompactRequestBody, parse_json(raw), max_elements=limits.max_input_elements)
         rlog.fields["model"] = body.model
         result = await Compactor(gw).compact(body, principal)
     except GatewayError as err:
@@ -37,6 +38,4 @@ async def compact_response(request: Request) -> Response:
 
 
 def _observe(request: Request, rlog: RequestLog, status: str, usage: dict[str, int] | None) -> None:
-    request.app.state.metrics.observe(
-        "compact", rlog.metric_model(), status, rlog.elapsed(), usage
-    )
+    request.app.state.metrics.observe("compact", rlog.metric_model(), status, rlog.elapsed(), usage)

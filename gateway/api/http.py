@@ -39,7 +39,8 @@ async def create_response(scope: Scope, receive: Receive, send: Send) -> None:
         principal = gw.auth.authenticate(request.headers.get("authorization"))
         rlog.fields["tenant"] = principal.tenant
         raw = await read_body(request, gw.settings.limits.max_body_bytes)
-        body = parse_model(CreateResponseBody, parse_json(raw))
+        limits = gw.settings.limits
+        body = parse_model(CreateResponseBody, parse_json(raw), max_elements=limits.max_input_elements)
         rlog.fields["model"] = body.model
         if body.background:
             raise InvalidRequest(

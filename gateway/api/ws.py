@@ -272,7 +272,9 @@ class Connection:
                     param="background",
                     code="unsupported_parameter",
                 )
-            body = parse_model(CreateResponseBody, data)
+            body = parse_model(
+                CreateResponseBody, data, max_elements=self.gw.settings.limits.max_input_elements
+            )
             prepared = await self.gw.prepare(body, self.principal, cache=self.cache)
             rlog.fields["provider"] = prepared.route.provider
             rlog.routed = True
