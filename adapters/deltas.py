@@ -11,16 +11,19 @@ open item explicitly, for two consecutive items of the same kind.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
 
 
 @dataclass(slots=True, frozen=True)
 class TextDelta:
-    """Assistant text; opens an assistant message (and an ``output_text`` part) when none is open."""
+    """Assistant text; opens an assistant message (and an ``output_text`` part) when none is open.
+    ``logprobs``: the provider's token log probabilities for this text, already in the spec's
+    shape (``{token, logprob, bytes, top_logprobs}``), when the client asked for them."""
 
     text: str
+    logprobs: list[dict[str, Any]] | None = None
 
 
 @dataclass(slots=True, frozen=True)

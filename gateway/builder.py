@@ -57,6 +57,7 @@ class ResponseBuilder:
         "_finish",
         "_item",
         "_item_kind",
+        "_logprobs",
         "_oi",
         "_part",
         "_part_index",
@@ -81,6 +82,7 @@ class ResponseBuilder:
         self._part_index = -1
         self._sub: tuple[str, int] | None = None  # reasoning: ("summary"|"content", index)
         self._texts: list[str] = []
+        self._logprobs: list[dict[str, Any]] | None = None  # of the open output_text part, if any came
         self._call_keys: dict[int | str, dict[str, Any]] = {}
         self._closed_calls: set[int | str] = set()
         self._finish: str | None = None
@@ -115,7 +117,14 @@ class ResponseBuilder:
         self._require_open()
         kind = type(delta)
         if kind is TextDelta:
-            return self._content(delta.text, "output_text")  # type: ignore[union-attr]
+            events = self._content(delta.text, "output_text")  # type: ignore[union-attr]
+            logprobs = delta.logprobs  # type: ignore[union-attr]
+            if logprobs:
+                events[-1]["logprobs"] = logprobs
+                if self._logprobs is None:
+                    self._logprobs = []
+                self._logprobs.extend(logprobs)
+            return events
         if kind is ToolCallArgsDelta:
             return self._args(delta)  # type: ignore[arg-type]
         if kind is ToolCallStart:
@@ -291,6 +300,7 @@ class ResponseBuilder:
         self._part = part
         self._part_kind = part_kind
         self._texts = []
+        self._logprobs = None
         self._item["content"].append(part)
         return [
             {
@@ -319,6 +329,9 @@ class ResponseBuilder:
                 "content_index": self._part_index,
                 "text": text,
             }
+            if self._logprobs is not None:
+                part["logprobs"] = done["logprobs"] = self._logprobs
+                self._logprobs = None
         else:
             part["refusal"] = text
             done = {

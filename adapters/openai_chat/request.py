@@ -16,6 +16,7 @@ from gateway.errors import UpstreamRejected
 __all__ = ["build_body", "build_messages", "build_tools"]
 
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text", "reasoning_text"})
+LOGPROBS_INCLUDE = "message.output_text.logprobs"  # the include that asks for token logprobs
 
 
 def build_body(req: UpstreamRequest) -> dict[str, Any]:
@@ -37,6 +38,10 @@ def build_body(req: UpstreamRequest) -> dict[str, Any]:
     response_format = _response_format(req.text_format)
     if response_format is not None:
         body["response_format"] = response_format
+    if req.top_logprobs is not None or LOGPROBS_INCLUDE in req.include:
+        body["logprobs"] = True
+        if req.top_logprobs:
+            body["top_logprobs"] = req.top_logprobs
     if req.verbosity is not None:
         body["verbosity"] = req.verbosity  # OpenAI's Chat Completions parameter (GPT-5 family)
     effort = (req.reasoning or {}).get("effort")

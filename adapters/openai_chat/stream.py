@@ -80,7 +80,7 @@ class ChatStreamTranslator:
                 continue  # n > 1 is not requested; ignore any other choice
             delta = choice.get("delta") or choice.get("message")
             if delta:
-                self._delta(delta, out)
+                self._delta(delta, out, choice.get("logprobs"))
             reason = choice.get("finish_reason")
             if reason:
                 if reason == "error":
@@ -107,14 +107,14 @@ class ChatStreamTranslator:
         return out
 
     # -- internals ---------------------------------------------------------------------------
-    def _delta(self, delta: dict[str, Any], out: list[Delta]) -> None:
+    def _delta(self, delta: dict[str, Any], out: list[Delta], logprobs: Any = None) -> None:
         # vLLM/DeepSeek say "reasoning_content", OpenRouter/Ollama "reasoning"; some send both.
         reasoning = delta.get("reasoning_content") or delta.get("reasoning")
         if reasoning and isinstance(reasoning, str):
             out.append(ReasoningDelta(reasoning))
         content = delta.get("content")
         if content and isinstance(content, str):
-            out.append(TextDelta(content))
+            out.append(TextDelta(content, token_logprobs(logprobs) if logprobs else None))
         refusal = delta.get("refusal")
         if refusal and isinstance(refusal, str):
             out.append(RefusalDelta(refusal))
@@ -180,3 +180,28 @@ def _stream_error(chunk: dict[str, Any]) -> UpstreamError:
         code=error_code_from_body(chunk),
         upstream_status=status if isinstance(status, int) else None,
     )
+
+
+def token_logprobs(raw: Any) -> list[dict[str, Any]] | None:
+    """A choice's ``logprobs.content`` in the spec's shape (``bytes`` filled in when absent)."""
+    content = raw.get("content") if isinstance(raw, dict) else None
+    if not isinstance(content, list):
+        return None
+    out = []
+    for entry in content:
+        if not isinstance(entry, dict) or not isinstance(entry.get("token"), str):
+            continue
+        out.append(
+            {**_logprob(entry), "top_logprobs": [_logprob(t) for t in entry.get("top_logprobs") or []]}
+        )
+    return out or None
+
+
+def _logprob(entry: dict[str, Any]) -> dict[str, Any]:
+    token = str(entry.get("token", ""))
+    raw = entry.get("bytes")
+    return {
+        "token": token,
+        "logprob": float(entry.get("logprob") or 0.0),
+        "bytes": raw if isinstance(raw, list) else list(token.encode()),
+    }

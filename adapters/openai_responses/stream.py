@@ -64,7 +64,8 @@ class ResponsesStreamTranslator:
         kind = event.get("type")
         oi = event.get("output_index", 0)
         if kind == "response.output_text.delta":
-            return self._piece(oi, TextDelta(event.get("delta") or ""))
+            logprobs = event.get("logprobs")
+            return self._piece(oi, TextDelta(event.get("delta") or "", logprobs or None))
         if kind == "response.function_call_arguments.delta":
             return self._piece(oi, ToolCallArgsDelta(oi, event.get("delta") or ""))
         if kind == "response.reasoning_summary_text.delta":
@@ -139,7 +140,7 @@ class ResponsesStreamTranslator:
             if oi not in self._streamed:
                 for part in item.get("content") or []:
                     if part.get("type") == "output_text" and part.get("text"):
-                        out.append(TextDelta(part["text"]))
+                        out.append(TextDelta(part["text"], part.get("logprobs") or None))
                     elif part.get("type") == "refusal" and part.get("refusal"):
                         out.append(RefusalDelta(part["refusal"]))
         elif kind == "reasoning":

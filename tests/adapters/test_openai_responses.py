@@ -422,6 +422,21 @@ def test_whole_response_object() -> None:
     ]
 
 
+def test_logprobs_pass_through_streamed_and_whole() -> None:
+    lp = [{"token": "hi", "logprob": -0.3, "bytes": [104, 105], "top_logprobs": []}]
+    t = ResponsesStreamTranslator()
+    assert t.feed(
+        {"type": "response.output_text.delta", "output_index": 0, "delta": "hi", "logprobs": lp}
+    ) == [TextDelta("hi", lp)]
+    whole = {
+        "status": "completed",
+        "output": [{"type": "message", "content": [{"type": "output_text", "text": "hi", "logprobs": lp}]}],
+    }
+    assert ResponsesStreamTranslator().whole(whole)[0] == TextDelta("hi", lp)
+    body = build_body(req(include=["message.output_text.logprobs"], top_logprobs=3))
+    assert "message.output_text.logprobs" in body["include"] and body["top_logprobs"] == 3
+
+
 # == the adapter against the fake ===============================================================
 fake_server, fake = fake_fixtures(FakeOpenAIResponses)
 collect = collector(req)

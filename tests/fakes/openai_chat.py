@@ -143,7 +143,7 @@ class FakeOpenAIChat(FakeUpstream[Reply]):
         model = body.get("model", "fake-model")
         head = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": model}
         events: list[Event] = [
-            (None, {**head, **chunk})
+            (None, {**head, **_with_logprobs(chunk, body)})
             for chunk in reply.chunks
             if include_usage or not ("usage" in chunk and not chunk.get("choices"))
         ]
@@ -152,8 +152,31 @@ class FakeOpenAIChat(FakeUpstream[Reply]):
         return events
 
 
+def fake_logprobs(text: str, top: int) -> list[dict[str, Any]]:
+    """What the fake reports for ``text`` when asked for logprobs: one token, logprob -0.5, and
+    ``top`` alternatives (the token itself, then "alt1"...)."""
+    alts = [{"token": text, "logprob": -0.5, "bytes": list(text.encode())}]
+    alts += [
+        {"token": f"alt{n}", "logprob": -2.0 - n, "bytes": list(f"alt{n}".encode())} for n in range(1, top)
+    ]
+    return [{"token": text, "logprob": -0.5, "bytes": list(text.encode()), "top_logprobs": alts[:top]}]
+
+
+def _with_logprobs(chunk: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    if not body.get("logprobs") or not chunk.get("choices"):
+        return chunk
+    choices = []
+    for choice in chunk["choices"]:
+        text = (choice.get("delta") or {}).get("content")
+        if text:
+            choice = {**choice, "logprobs": {"content": fake_logprobs(text, body.get("top_logprobs") or 0)}}
+        choices.append(choice)
+    return {**chunk, "choices": choices}
+
+
 def _assemble(reply: Reply, body: Any) -> dict[str, Any]:
     """The reply as one non-streamed ``chat.completion``."""
+    logprobs: list[dict[str, Any]] = []
     content: list[str] = []
     calls: dict[int, dict[str, Any]] = {}
     finish = None
@@ -165,6 +188,8 @@ def _assemble(reply: Reply, body: Any) -> dict[str, Any]:
             delta = choice.get("delta") or {}
             if delta.get("content"):
                 content.append(delta["content"])
+                if isinstance(body, dict) and body.get("logprobs"):
+                    logprobs += fake_logprobs(delta["content"], body.get("top_logprobs") or 0)
             for tc in delta.get("tool_calls") or []:
                 call = calls.setdefault(
                     tc["index"], {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
@@ -184,7 +209,14 @@ def _assemble(reply: Reply, body: Any) -> dict[str, Any]:
         "object": "chat.completion",
         "created": 1,
         "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": finish,
+                "logprobs": {"content": logprobs} if logprobs else None,
+            }
+        ],
     }
     if usage is not None:
         out["usage"] = usage

@@ -268,3 +268,23 @@ def test_revoke_replaces_the_unsent_terminal_event() -> None:
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
     assert events[-1]["response"]["completed_at"] is None
+
+
+def test_logprobs_ride_on_deltas_and_gather_on_the_part() -> None:
+    b = fresh_builder()
+    b.start()
+    one = [{"token": "a", "logprob": -0.1, "bytes": [97], "top_logprobs": []}]
+    two = [{"token": "b", "logprob": -0.2, "bytes": [98], "top_logprobs": []}]
+    events = b.feed(TextDelta("a", one)) + b.feed(TextDelta("b", two)) + b.feed(TextDelta("c"))
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert [d.get("logprobs") for d in deltas] == [one, two, None]
+    events = b.feed(Finish("stop")) + b.finish()
+    [done] = [e for e in events if e["type"] == "response.output_text.done"]
+    assert done["text"] == "abc" and done["logprobs"] == one + two
+    assert b.resource["output"][0]["content"][0]["logprobs"] == one + two
+    # a part without any keeps the shape it always had
+    plain = fresh_builder()
+    plain.start()
+    events = plain.feed(TextDelta("x")) + plain.feed(Finish("stop")) + plain.finish()
+    [done] = [e for e in events if e["type"] == "response.output_text.done"]
+    assert "logprobs" not in done and "logprobs" not in plain.resource["output"][0]["content"][0]

@@ -12,7 +12,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.fakes.openai_chat import FakeOpenAIChat, Reply, smart_reply
+from tests.fakes.openai_chat import FakeOpenAIChat, Reply, fake_logprobs, smart_reply
 from tests.gateway.test_smoke import parse_sse
 from tests.harness import ServedApp, serve_gateway
 
@@ -239,3 +239,33 @@ async def test_a_json_client_gets_one_unstreamed_upstream_call(
     else:
         assert "stream" not in rec.body and "stream_options" not in rec.body
         assert rec.headers["accept"] == "application/json"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_logprobs_when_the_client_includes_them(
+    served: ServedApp, fake: FakeOpenAIChat, stream: bool
+) -> None:
+    fake.add(Reply.text("one two", pieces=2))
+    body = {"input": "x", "stream": stream, "include": ["message.output_text.logprobs"], "top_logprobs": 2}
+    r = await post(served, body)
+    assert r.status_code == 200, r.text
+    [rec] = fake.requests
+    assert rec.body["logprobs"] is True and rec.body["top_logprobs"] == 2
+    expected = fake_logprobs("one ", 2) + fake_logprobs("two", 2)
+    if stream:
+        events = events_of(r)
+        deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+        assert [d["logprobs"] for d in deltas] == [fake_logprobs("one ", 2), fake_logprobs("two", 2)]
+        [done] = [e for e in events if e["type"] == "response.output_text.done"]
+        assert done["logprobs"] == expected
+        final = events[-1]["response"]
+    else:
+        final = r.json()
+    part = final["output"][0]["content"][0]
+    assert part["text"] == "one two" and part["logprobs"] == expected
+    # not asked for: not requested upstream, not in the output
+    fake.reset()
+    fake.add(Reply.text("one two", pieces=2))
+    plain = await post(served, {"input": "x"})
+    assert "logprobs" not in fake.requests[0].body
+    assert "logprobs" not in plain.json()["output"][0]["content"][0]
