@@ -107,6 +107,10 @@ def _generation_config(req: UpstreamRequest) -> dict[str, Any]:
         thinking["includeThoughts"] = True
     if thinking:
         out["thinkingConfig"] = thinking
+    if req.top_logprobs is not None or "message.output_text.logprobs" in req.include:
+        out["responseLogprobs"] = True
+        if req.top_logprobs:
+            out["logprobs"] = req.top_logprobs
     return out
 
 

@@ -73,6 +73,9 @@ class GeminiStreamTranslator:
         out: list[Delta] = []
         for part in (candidate.get("content") or {}).get("parts") or []:
             self._part(part, out)
+        result = candidate.get("logprobsResult")
+        if result and out and type(out[-1]) is TextDelta:
+            out[-1] = TextDelta(out[-1].text, token_logprobs(result))  # type: ignore[union-attr]
         if candidate.get("finishReason"):
             self._finish = candidate["finishReason"]
         return out
@@ -137,3 +140,27 @@ def stream_error(error: Any) -> UpstreamError:
         retryable=_RETRYABLE_STATUSES,
         auth=_AUTH_STATUSES,
     )
+
+
+def token_logprobs(result: Any) -> list[dict[str, Any]] | None:
+    """A chunk's ``logprobsResult`` in the spec's shape: each chosen token with its alternatives."""
+    if not isinstance(result, Mapping):
+        return None
+    chosen = result.get("chosenCandidates") or []
+    tops = result.get("topCandidates") or []
+    out = []
+    for n, entry in enumerate(chosen):
+        if not isinstance(entry, Mapping):
+            continue
+        top = tops[n].get("candidates") or [] if n < len(tops) and isinstance(tops[n], Mapping) else []
+        out.append({**_logprob(entry), "top_logprobs": [_logprob(t) for t in top if isinstance(t, Mapping)]})
+    return out or None
+
+
+def _logprob(entry: Mapping[str, Any]) -> dict[str, Any]:
+    token = str(entry.get("token", ""))
+    return {
+        "token": token,
+        "logprob": float(entry.get("logProbability") or 0.0),
+        "bytes": list(token.encode()),
+    }

@@ -206,6 +206,44 @@ def test_generation_config() -> None:
     assert "generationConfig" not in build_body(req())
 
 
+def test_logprobs_asked_for_and_mapped() -> None:
+    config = build_body(req(include=["message.output_text.logprobs"], top_logprobs=2))["generationConfig"]
+    assert config == {"responseLogprobs": True, "logprobs": 2}
+    chunk = {
+        "candidates": [
+            {
+                "content": {"role": "model", "parts": [{"text": "Hi"}]},
+                "logprobsResult": {
+                    "chosenCandidates": [{"token": "Hi", "logProbability": -0.25}],
+                    "topCandidates": [
+                        {
+                            "candidates": [
+                                {"token": "Hi", "logProbability": -0.25},
+                                {"token": "Yo", "logProbability": -2},
+                            ]
+                        }
+                    ],
+                },
+            }
+        ]
+    }
+    [delta] = GeminiStreamTranslator().feed(chunk)
+    assert delta == TextDelta(
+        "Hi",
+        [
+            {
+                "token": "Hi",
+                "logprob": -0.25,
+                "bytes": [72, 105],
+                "top_logprobs": [
+                    {"token": "Hi", "logprob": -0.25, "bytes": [72, 105]},
+                    {"token": "Yo", "logprob": -2.0, "bytes": [89, 111]},
+                ],
+            }
+        ],
+    )
+
+
 def test_model_path() -> None:
     assert model_path("gemini-2.5-flash") == "models/gemini-2.5-flash"
     assert model_path("tunedModels/mine") == "tunedModels/mine"
