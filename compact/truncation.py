@@ -70,4 +70,10 @@ def fit_context(ctx: Context, route: Route, truncation: str, *, reserved: int = 
     log.info("context_truncated", model=route.model, dropped=len(dropped), before=before, after=total)
     history = [i for n, i in enumerate(ctx.history) if n not in dropped]
     new_items = [i for n, i in enumerate(ctx.new_items, start=split) if n not in dropped]
-    return Context(history=history, new_items=new_items, tokens=total, calls=call_ids([*history, *new_items]))
+    return Context(
+        history=history,
+        new_items=new_items,
+        tokens=total,
+        calls=call_ids([*history, *new_items]),
+        depth=ctx.depth,
+    )

@@ -17,6 +17,7 @@ from gateway.ids import new_id
 from gateway.items import message, normalize, output_as_input
 from gateway.spec.request import CompactionItem, ItemReference
 from state.base import ResponseStore
+from state.memory import chain_too_deep
 
 Item = dict[str, Any]
 CompactionOpener = Callable[[CompactionItem, str], list[Item]]
@@ -31,6 +32,7 @@ class Transcript:
     items: list[Item]
     tokens: int | None
     calls: frozenset[str]
+    depth: int = 1  # responses in the chain this transcript ends (max_chain_depth applies to it)
 
 
 class ConnectionCache(Protocol):
@@ -48,6 +50,7 @@ class Context:
     stored_items: list[Item] | None = None  # what gets stored for it, if not new_items (sealed)
     calls: frozenset[str] = frozenset()  # call ids of the function calls in the transcript
     history_tokens: int | None = None  # the history's estimated tokens, when a cache knew them
+    depth: int = 0  # responses in the previous_response_id chain
     tokens: int | None = None  # the transcript's estimated tokens, once fit_context counted them
 
     @property
@@ -62,10 +65,12 @@ async def _history(
     cache: ConnectionCache | None,
     max_depth: int,
     open_compaction: CompactionOpener | None,
-) -> Transcript | list[Item]:
+) -> Transcript:
     if cache is not None:
         cached = cache.get_transcript(previous_id)
         if cached is not None:
+            if cached.depth > max_depth:  # the limit a stored chain has (state/memory.py)
+                raise chain_too_deep(max_depth)
             return cached
     chain = await store.chain(tenant, previous_id, max_depth)
     if not chain:
@@ -78,7 +83,7 @@ async def _history(
             else:
                 history.append(item)
         history.extend(output_as_input(o) for o in stored.output_items)
-    return history
+    return Transcript(items=history, tokens=None, calls=call_ids(history), depth=len(chain))
 
 
 def _reopen(item: Item, tenant: str, open_compaction: CompactionOpener | None, param: str) -> list[Item]:
@@ -105,11 +110,8 @@ async def build_context(
     history: list[Item] = []
     known: Transcript | None = None
     if previous_response_id:
-        found = await _history(previous_response_id, tenant, store, cache, max_depth, open_compaction)
-        if isinstance(found, Transcript):
-            known, history = found, found.items
-        else:
-            history = found
+        known = await _history(previous_response_id, tenant, store, cache, max_depth, open_compaction)
+        history = known.items
 
     new_items: list[Item] = []
     stored_items: list[Item] | None = None
@@ -143,6 +145,7 @@ async def build_context(
         stored_items=stored_items,
         calls=calls,
         history_tokens=known.tokens if known is not None else None,
+        depth=known.depth if known is not None else 0,
     )
 
 

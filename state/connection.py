@@ -68,6 +68,7 @@ class ConnectionCache:
                 items=[*context.transcript, *produced],
                 tokens=None if context.tokens is None else context.tokens + estimate(produced),
                 calls=context.calls | calls if calls else context.calls,
+                depth=context.depth + 1,
             ),
         )
 
