@@ -1,17 +1,28 @@
-"""What every HTTP route shares: body reading with a cap, error responses, the request log line."""
+"""What every route shares: reading and validating a request, error responses, and the one log
+line plus metrics sample each request ends with."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
+from pydantic import BaseModel
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gateway.encode import json_bytes
 from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge
 from gateway.ids import new_id
+from gateway.metrics import Metrics
+from gateway.validate import parse_json, parse_model
+
+if TYPE_CHECKING:
+    from gateway.auth import Principal
+    from gateway.service import Gateway
+
+M = TypeVar("M", bound=BaseModel)
 
 access_log = structlog.get_logger("gateway.access")
 
@@ -70,9 +81,32 @@ class RequestLog:
         """The model as a metrics label: only a routed one, so clients cannot mint label values."""
         return str(self.fields.get("model")) if self.routed else "-"
 
+    def done(
+        self, metrics: Metrics, status: int | str, usage: Mapping[str, Any] | None = None, **extra: Any
+    ) -> None:
+        """End the request: its log line (token counts from ``usage``) and its metrics sample."""
+        extra["input_tokens"] = usage.get("input_tokens") if usage else None
+        extra["output_tokens"] = usage.get("output_tokens") if usage else None
+        self.emit(status, **extra)
+        metrics.observe(self.fields["transport"], self.metric_model(), str(status), self.elapsed(), usage)
+
     def emit(self, status: int | str, **extra: Any) -> None:
         self.fields.update(extra)
         model = self.fields.get("model")
         if isinstance(model, str) and len(model) > _MAX_LOGGED_MODEL:
             self.fields["model"] = model[:_MAX_LOGGED_MODEL] + "…"
         access_log.info("request", status=status, latency_ms=round(self.elapsed() * 1000, 3), **self.fields)
+
+
+async def read_request(
+    request: Request, gw: Gateway, model: type[M], rlog: RequestLog
+) -> tuple[Principal, M]:
+    """Authenticate, read the capped body and validate it as ``model`` (with the input-size limit);
+    the tenant and the model go on the log line as soon as they are known."""
+    principal = gw.auth.authenticate(request.headers.get("authorization"))
+    rlog.fields["tenant"] = principal.tenant
+    limits = gw.settings.limits
+    raw = await read_body(request, limits.max_body_bytes)
+    body = parse_model(model, parse_json(raw), max_elements=limits.max_input_elements)
+    rlog.fields["model"] = getattr(body, "model", None)
+    return principal, body

@@ -13,14 +13,13 @@ from contextlib import aclosing
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
-from gateway.api.common import RequestLog, error_response, read_body
+from gateway.api.common import RequestLog, error_response, read_request
 from gateway.api.disconnect import DisconnectWatch
 from gateway.encode import SSE_DONE, json_bytes, sse_frame
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.service import Gateway, Prepared
 from gateway.spec.request import CreateResponseBody
 from gateway.turn import TurnResult
-from gateway.validate import parse_json, parse_model
 
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -36,12 +35,7 @@ async def create_response(scope: Scope, receive: Receive, send: Send) -> None:
     rlog = RequestLog(request, "http")
     headers = {"x-request-id": rlog.request_id}
     try:
-        principal = gw.auth.authenticate(request.headers.get("authorization"))
-        rlog.fields["tenant"] = principal.tenant
-        raw = await read_body(request, gw.settings.limits.max_body_bytes)
-        limits = gw.settings.limits
-        body = parse_model(CreateResponseBody, parse_json(raw), max_elements=limits.max_input_elements)
-        rlog.fields["model"] = body.model
+        principal, body = await read_request(request, gw, CreateResponseBody, rlog)
         if body.background:
             raise InvalidRequest(
                 "Background responses are not supported.", param="background", code="unsupported_parameter"
@@ -107,24 +101,16 @@ async def _fail(
     receive: Receive,
     send: Send,
 ) -> None:
-    rlog.emit(err.status, error_code=err.code)
-    _observe(request, rlog, str(err.status), None)
+    rlog.done(request.app.state.metrics, err.status, error_code=err.code)
     await error_response(err, headers)(scope, receive, send)
 
 
 def _done(request: Request, rlog: RequestLog, result: TurnResult) -> None:
-    usage = result.usage or {}
-    rlog.emit(
+    error_code = result.error.code if result.error else None
+    rlog.done(
+        request.app.state.metrics,
         result.status,
+        result.usage,
         provider=result.provider,
-        input_tokens=usage.get("input_tokens"),
-        output_tokens=usage.get("output_tokens"),
-        error_code=result.error.code if result.error else None,
-    )
-    _observe(request, rlog, result.status, result.usage)
-
-
-def _observe(request: Request, rlog: RequestLog, status: str, usage: dict[str, object] | None) -> None:
-    request.app.state.metrics.observe(
-        rlog.fields["transport"], rlog.metric_model(), status, rlog.elapsed(), usage
+        error_code=error_code,
     )

@@ -290,8 +290,7 @@ class Connection:
             if previous is not None:
                 self.cache.evict(previous)  # a failed continuation: retrying it must not hit the cache
             await self._send(ws_text(err.ws_envelope()))  # before generation: the envelope only
-            rlog.emit(err.status, error_code=err.code)
-            self._observe(rlog, str(err.status), None)
+            rlog.done(self.metrics, err.status, error_code=err.code)
             return
         await self._stream(prepared, rlog, previous)
 
@@ -323,19 +322,9 @@ class Connection:
                 self.cache.remember(turn.builder.resource["id"], prepared.context, result.output)
             elif previous is not None:
                 self.cache.evict(previous)
-            usage = result.usage or {}
             status = result.status if finished else "cancelled"
-            rlog.emit(
-                status,
-                provider=result.provider,
-                input_tokens=usage.get("input_tokens"),
-                output_tokens=usage.get("output_tokens"),
-                error_code=result.error.code if result.error else None,
-            )
-            self._observe(rlog, status, result.usage)
-
-    def _observe(self, rlog: RequestLog, status: str, usage: dict[str, Any] | None) -> None:
-        self.metrics.observe("websocket", rlog.metric_model(), status, rlog.elapsed(), usage)
+            error_code = result.error.code if result.error else None
+            rlog.done(self.metrics, status, result.usage, provider=result.provider, error_code=error_code)
 
 
 def _parse(text: str) -> dict[str, Any]:
