@@ -106,13 +106,14 @@ class UpstreamClient:
     await inside aiohttp (never across the caller's ``yield``), so one timer bounds a call.
     """
 
-    __slots__ = ("_session", "_tls", "connect_timeout", "max_connections", "read_timeout")
+    __slots__ = ("_session", "_tls", "connect_timeout", "max_connections", "proxy", "read_timeout")
 
     def __init__(self, settings: ProviderSettings) -> None:
         t = settings.timeouts
         self.connect_timeout = t.connect
         self.read_timeout = t.read
         self.max_connections = settings.max_connections
+        self.proxy = settings.proxy.get_secret_value() if settings.proxy is not None else None
         self._session: aiohttp.ClientSession | None = None
         self._tls: ssl.SSLContext | None = None
 
@@ -259,6 +260,7 @@ async def open_stream(
             headers={"content-type": "application/json", **headers},
             allow_redirects=False,
             timeout=client.timeout(total_timeout, streamed=streamed),
+            proxy=client.proxy,
         )
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise map_transport_error(exc) from None

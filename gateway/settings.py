@@ -92,6 +92,7 @@ class ProviderSettings(_Strict):
     headers: dict[str, str] = {}
     pass_through: bool = True  # "provider/model" names route here without a models: entry
     max_connections: int = Field(default=200, ge=1)
+    proxy: SecretStr | None = None  # http://[user:pass@]host:port for upstream calls (none: direct)
     # anthropic
     anthropic_version: str = "2023-06-01"
     default_max_tokens: int = Field(default=4096, ge=1)

@@ -29,7 +29,7 @@ from gateway.errors import (
     UpstreamTimeout,
 )
 from gateway.settings import ProviderSettings, Timeouts
-from tests.fakes.server import serve_asgi, unused_port
+from tests.fakes.server import serve_asgi, serve_raw, unused_port
 
 SECRET = "sk-live-SECRET-0123456789"
 MARKER = "RAW-UPSTREAM-BODY-MARKER"
@@ -294,3 +294,32 @@ async def test_open_stream_total_timeout() -> None:
         assert time.monotonic() - started < 4.0
         await client.aclose()
     assert "total time" in info.value.message
+
+
+async def test_calls_go_through_the_configured_proxy() -> None:
+    # A forward proxy gets the absolute-form request line (and answers it here itself).
+    seen: list[bytes] = []
+
+    async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        seen.append(head)
+        length = next(
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        await reader.readexactly(length)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+        await writer.drain()
+        writer.close()
+
+    async with serve_raw(proxy) as server:
+        settings = ProviderSettings(
+            kind="openai-chat",
+            base_url="http://upstream.invalid/v1",
+            proxy=f"http://u:p@127.0.0.1:{server.port}",
+        )
+        assert await _call("http://upstream.invalid/v1/chat/completions", settings) == b"{}"
+    [head] = seen
+    assert head.startswith(b"POST http://upstream.invalid/v1/chat/completions HTTP/1.1\r\n")
+    assert b"proxy-authorization: basic " in head.lower()
