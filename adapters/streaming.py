@@ -42,16 +42,14 @@ class HTTPStreamAdapter(Generic[T]):
 
     ``client`` lets a caller share or inject an :class:`UpstreamClient`; by default the adapter owns
     one pooled client (closed by :meth:`aclose`). A subclass sets ``path`` (or overrides
-    :meth:`url`) and implements :meth:`body` and :meth:`translator`; the class flags and the
-    remaining hooks cover what only some providers do.
+    :meth:`url`) and implements :meth:`body`, :meth:`translator` and :meth:`whole`; ``body()``
+    and ``url()`` ask for an unstreamed reply when ``request.stream`` is False. The class flags and
+    the remaining hooks cover what only some providers do.
     """
 
     path: ClassVar[str] = ""  # appended to the base URL
     done_marker: ClassVar[bool] = False  # ``data: [DONE]`` ends the stream (OpenAI's convention)
     named_events: ClassVar[bool] = False  # data without a "type" takes the SSE event name
-    # A 200 JSON body goes to whole(): a server that did not stream, or an unstreamed request
-    # (``request.stream`` False), which body()/url() then ask for.
-    json_reply: ClassVar[bool] = False
 
     def __init__(self, settings: ProviderSettings, *, client: UpstreamClient | None = None) -> None:
         self.settings = settings
@@ -78,7 +76,8 @@ class HTTPStreamAdapter(Generic[T]):
         raise NotImplementedError
 
     def whole(self, translator: T, body: Any) -> Iterable[Delta]:
-        """All deltas (the final ones too) of a JSON body that answered the streamed request."""
+        """All deltas (the final ones too) of a 200 JSON body: the answer to an unstreamed request,
+        or a server that ignored ``stream``."""
         raise NotImplementedError
 
     def finish(self, translator: T, ended: bool) -> list[Delta]:
@@ -90,7 +89,7 @@ class HTTPStreamAdapter(Generic[T]):
     async def stream(self, request: UpstreamRequest) -> AsyncIterator[Delta]:
         """Send ``request``; yield its deltas. Raises ``UpstreamError`` (and subclasses)."""
         translator = self.translator()
-        streamed = request.stream or not self.json_reply  # json_reply: body() honours request.stream
+        streamed = request.stream
         async with open_stream(
             self._client,
             "POST",
@@ -100,7 +99,7 @@ class HTTPStreamAdapter(Generic[T]):
             total_timeout=self.settings.timeouts.total,
             streamed=streamed,
         ) as upstream:
-            if self.json_reply and upstream.headers.get("content-type", "").startswith("application/json"):
+            if upstream.headers.get("content-type", "").startswith("application/json"):
                 for delta in self.whole(translator, await upstream.read_json()):
                     yield delta
                 return

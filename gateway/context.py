@@ -12,12 +12,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gateway.errors import InvalidEncryptedContent, InvalidRequest, PreviousResponseNotFound
+from gateway.errors import (
+    InvalidEncryptedContent,
+    InvalidRequest,
+    PreviousResponseNotFound,
+    chain_too_deep,
+)
 from gateway.ids import new_id
 from gateway.items import message, normalize, output_as_input
 from gateway.spec.request import CompactionItem, ItemReference
 from state.base import ResponseStore
-from state.memory import chain_too_deep
 
 Item = dict[str, Any]
 CompactionOpener = Callable[[CompactionItem, str], list[Item]]
@@ -69,7 +73,7 @@ async def _history(
     if cache is not None:
         cached = cache.get_transcript(previous_id)
         if cached is not None:
-            if cached.depth > max_depth:  # the limit a stored chain has (state/memory.py)
+            if cached.depth > max_depth:  # the limit a stored chain has
                 raise chain_too_deep(max_depth)
             return cached
     chain = await store.chain(tenant, previous_id, max_depth)

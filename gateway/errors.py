@@ -94,6 +94,13 @@ class PreviousResponseNotFound(InvalidRequest):
         )
 
 
+def chain_too_deep(max_depth: int) -> InvalidRequest:
+    return InvalidRequest(
+        f"The previous_response_id chain is longer than {max_depth} responses.",
+        param="previous_response_id",
+    )
+
+
 class ContextLengthExceeded(InvalidRequest):
     code = "context_length_exceeded"
 

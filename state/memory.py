@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.errors import InvalidRequest
+from gateway.errors import chain_too_deep
 from state import codec
 from state.base import StoredResponse
 
@@ -29,13 +29,6 @@ class _Entry:
     prev: str | None
     expires: float
     item_ids: tuple[str, ...]
-
-
-def chain_too_deep(max_depth: int) -> InvalidRequest:
-    return InvalidRequest(
-        f"The previous_response_id chain is longer than {max_depth} responses.",
-        param="previous_response_id",
-    )
 
 
 class MemoryStore:

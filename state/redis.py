@@ -21,10 +21,9 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
-from gateway.errors import ServiceUnavailable
+from gateway.errors import ServiceUnavailable, chain_too_deep
 from state import codec
 from state.base import StoredResponse
-from state.memory import chain_too_deep
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

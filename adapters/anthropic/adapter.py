@@ -18,7 +18,6 @@ class AnthropicAdapter(HTTPStreamAdapter[MessagesStreamTranslator]):
     """Streams deltas from the Anthropic Messages API (``x-api-key`` + ``anthropic-version``)."""
 
     path = "/v1/messages"
-    json_reply = True  # an unstreamed request (``request.stream`` False) gets one Message object
 
     def provider_headers(self, key: str | None) -> dict[str, str]:
         headers = {"anthropic-version": self.settings.anthropic_version}

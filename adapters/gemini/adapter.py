@@ -18,8 +18,6 @@ class GeminiAdapter(HTTPStreamAdapter[GeminiStreamTranslator]):
     """Streams deltas from the Gemini API (Generative Language API, ``x-goog-api-key``);
     ``:generateContent`` when the request need not stream."""
 
-    json_reply = True
-
     def provider_headers(self, key: str | None) -> dict[str, str]:
         return {"x-goog-api-key": key} if key else {}
 

@@ -23,7 +23,6 @@ class OpenAIChatAdapter(HTTPStreamAdapter[ChatStreamTranslator]):
 
     path = "/chat/completions"
     done_marker = True
-    json_reply = True
 
     def body(self, request: UpstreamRequest) -> dict[str, Any]:
         return build_body(request)

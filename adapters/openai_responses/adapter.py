@@ -24,7 +24,6 @@ class OpenAIResponsesAdapter(HTTPStreamAdapter[ResponsesStreamTranslator]):
     path = "/responses"
     done_marker = True
     named_events = True
-    json_reply = True
 
     def body(self, request: UpstreamRequest) -> dict[str, Any]:
         return build_body(request)
