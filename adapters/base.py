@@ -13,7 +13,7 @@ from adapters.deltas import Delta
 class UpstreamRequest:
     """Everything an adapter needs for one generation, provider-neutral.
 
-    ``items`` is the effective transcript in normalized form (gateway/context.py):
+    ``items`` is the effective transcript in normalized form (gateway/engine/context.py):
       - ``{"type":"message","role":"user"|"system"|"developer"|"assistant","content":[part...]}``
         (+ ``"phase"`` on assistant messages when the client sent one). Parts are always typed:
         user: ``input_text{text}``, ``input_image{image_url, detail}``,
@@ -60,7 +60,7 @@ class UpstreamRequest:
 
 class Adapter(Protocol):
     """A provider. ``stream`` is an async generator of deltas; it raises
-    ``gateway.errors.UpstreamError`` (or a subclass) for provider failures and must stop its
+    ``gateway.kernel.errors.UpstreamError`` (or a subclass) for provider failures and must stop its
     network work when the generator is closed (client gone, cancellation)."""
 
     def stream(self, request: UpstreamRequest) -> AsyncIterator[Delta]: ...

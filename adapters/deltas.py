@@ -1,7 +1,7 @@
 """Normalized deltas: the only thing adapters yield.
 
 Adapters never build spec events, ids or sequence numbers; the ResponseBuilder
-(gateway/builder.py) turns this small vocabulary into the Open Responses event stream.
+(gateway/engine/builder.py) turns this small vocabulary into the Open Responses event stream.
 
 Item boundaries are implicit: a delta of another kind (text after a tool call, a new
 ``ToolCallStart``) closes the open item and opens the next one. ``ItemDone`` closes the

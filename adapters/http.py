@@ -1,5 +1,5 @@
 """Shared upstream HTTP plumbing: the pooled client, a streaming call with a total deadline,
-and the one mapping from HTTP statuses, in-stream errors and transport failures to ``gateway.errors``.
+and the one mapping from HTTP statuses, in-stream errors and transport failures to ``gateway.kernel.errors``.
 
 Messages are the gateway's own words: no upstream URL, key or raw body ever reaches one.
 """
@@ -21,14 +21,14 @@ import aiohttp
 import orjson
 
 from adapters.sse import SSEDecodeError, SSEDecoder, SSEEvent
-from gateway.errors import (
+from gateway.kernel.errors import (
     UpstreamConnectError,
     UpstreamError,
     UpstreamRateLimited,
     UpstreamRejected,
     UpstreamTimeout,
 )
-from gateway.settings import ProviderSettings
+from gateway.kernel.settings import ProviderSettings
 
 __all__ = [
     "ERROR_BODY_LIMIT",

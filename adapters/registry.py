@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 
 from adapters.base import Adapter
-from gateway.settings import ProviderSettings
+from gateway.kernel.settings import ProviderSettings
 
 _KINDS: dict[str, str] = {
     "mock": "adapters.mock.adapter:MockAdapter",

@@ -14,8 +14,8 @@ import orjson
 from adapters.base import UpstreamRequest
 from adapters.deltas import Delta
 from adapters.http import UpstreamClient, create_client, open_stream
-from gateway.errors import UpstreamError
-from gateway.settings import ProviderSettings
+from gateway.kernel.errors import UpstreamError
+from gateway.kernel.settings import ProviderSettings
 
 __all__ = ["HTTPStreamAdapter", "StreamTranslator", "json_object"]
 

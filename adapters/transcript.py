@@ -5,11 +5,12 @@ call arguments as an object, assistant text, and which tools a ``tool_choice`` l
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
 
-from gateway.errors import UpstreamRejected
+from gateway.kernel.errors import UpstreamRejected
+from gateway.kernel.tool_choice import ToolChoice, parse_tool_choice
 
 __all__ = [
     "ToolChoice",
@@ -55,28 +56,7 @@ def assistant_texts(content: Any) -> Iterator[str]:
             yield text
 
 
-class ToolChoice(NamedTuple):
-    """A ``tool_choice`` read once: ``mode`` is auto | none | required (or what the client sent),
-    ``name`` the one function forced, ``allowed`` the ``allowed_tools`` subset (None: all)."""
-
-    mode: str
-    name: str | None = None
-    allowed: set[str] | None = None
-
-
-def parse_tool_choice(tool_choice: str | dict[str, Any]) -> ToolChoice:
-    if isinstance(tool_choice, dict):
-        kind = tool_choice.get("type")
-        if kind == "function":
-            return ToolChoice("required", tool_choice["name"])
-        if kind == "allowed_tools":
-            allowed = {t.get("name") for t in tool_choice.get("tools") or []}
-            return ToolChoice(tool_choice.get("mode") or "auto", None, allowed)
-        return ToolChoice("auto")
-    return ToolChoice(tool_choice)
-
-
-def function_tools(tools: list[dict[str, Any]], allowed: set[str] | None) -> Iterator[dict[str, Any]]:
+def function_tools(tools: list[dict[str, Any]], allowed: frozenset[str] | None) -> Iterator[dict[str, Any]]:
     """The function tools to send: only the ``allowed`` ones when an allowed_tools choice names them."""
     for tool in tools:
         if tool.get("type", "function") != "function":

@@ -11,9 +11,9 @@ from typing import Any
 
 from compact.seal import Sealer
 from compact.strategy import SUMMARY_ID_PREFIX
-from gateway.ids import new_id
-from gateway.items import message
-from gateway.spec.request import CompactionItem
+from gateway.kernel.ids import new_id
+from gateway.kernel.items import message
+from gateway.kernel.spec.request import CompactionItem
 
 Item = dict[str, Any]
 
@@ -23,7 +23,7 @@ SUMMARY_MESSAGE_HEADER = (
 
 
 class Opener:
-    """The ``open_compaction`` hook of ``gateway.service.Gateway``; raises InvalidEncryptedContent."""
+    """The ``open_compaction`` hook of the engine's ``Gateway``; raises InvalidEncryptedContent."""
 
     def __init__(self, sealer: Sealer) -> None:
         self.sealer = sealer

@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 import structlog
 
-from gateway.errors import InvalidEncryptedContent
-from gateway.settings import CompactionSettings, ConfigError
+from gateway.kernel.errors import InvalidEncryptedContent
+from gateway.kernel.settings import CompactionSettings, ConfigError
 
 log = structlog.get_logger("compact.seal")
 

@@ -11,14 +11,14 @@ import structlog
 from compact import strategy
 from compact.opener import SUMMARY_MESSAGE_HEADER, Opener
 from compact.seal import Sealer
-from gateway.auth import Principal
-from gateway.context import build_context
-from gateway.errors import ServerError, UpstreamError
-from gateway.estimate import estimate_text
-from gateway.ids import new_id, response_id
-from gateway.routing import Route
-from gateway.service import Gateway
-from gateway.spec.request import CompactRequestBody, CreateResponseBody
+from gateway.engine.auth import Principal
+from gateway.engine.context import build_context
+from gateway.engine.orchestrator import Gateway
+from gateway.engine.routing import Route
+from gateway.kernel.errors import ServerError, UpstreamError
+from gateway.kernel.estimate import estimate_text
+from gateway.kernel.ids import new_id, response_id
+from gateway.kernel.spec.request import CompactRequestBody, CreateResponseBody
 
 log = structlog.get_logger("compact.service")
 

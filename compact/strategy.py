@@ -1,5 +1,5 @@
 """What compaction keeps and what it summarizes, the one summary prompt, and the transcript the
-summarizing model reads. Pure functions over normalized items (gateway/items.py)."""
+summarizing model reads. Pure functions over normalized items (gateway/kernel/items.py)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Fit the assembled context into the model's ``context_window`` (the ``fit_context`` hook of
-``gateway.service.Gateway``): estimate its size, then fail (``truncation: "disabled"``) or drop the
+"""Fit the assembled context into the model's ``context_window`` (the engine's ``fit_context``
+hook): estimate its size, then fail (``truncation: "disabled"``) or drop the
 oldest non-system items (``"auto"``), never separating a function call from its outputs.
 
-The estimator and how wrong it can be: ``gateway/estimate.py``.
+The estimator and how wrong it can be: ``gateway/kernel/estimate.py``.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 import structlog
 
 from compact.strategy import is_pinned
-from gateway.context import Context, call_ids
-from gateway.errors import ContextLengthExceeded
-from gateway.estimate import estimate, estimate_item
-from gateway.routing import Route
+from gateway.engine.context import Context, call_ids
+from gateway.engine.routing import Route
+from gateway.kernel.errors import ContextLengthExceeded
+from gateway.kernel.estimate import estimate, estimate_item
 
 log = structlog.get_logger("compact.truncation")
 __all__ = ["fit_context"]

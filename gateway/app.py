@@ -19,11 +19,11 @@ from compact.truncation import fit_context
 from gateway.api import compact, http, ops, stored
 from gateway.api.common import error_response
 from gateway.api.ws import WebSocketHub, responses_socket
-from gateway.errors import GatewayError, InvalidRequest, NotFound, ServerError
+from gateway.engine.orchestrator import Gateway
+from gateway.engine.routing import Router
+from gateway.kernel.errors import GatewayError, InvalidRequest, NotFound, ServerError
+from gateway.kernel.settings import Settings, load_settings
 from gateway.metrics import Metrics
-from gateway.routing import Router
-from gateway.service import Gateway
-from gateway.settings import Settings, load_settings
 from state.factory import create_store
 
 log = structlog.get_logger("gateway.app")

@@ -10,8 +10,8 @@ from typing import Any
 
 import uvicorn
 
+from gateway.kernel.settings import ConfigError, Settings, load_settings
 from gateway.logs import configure_logging
-from gateway.settings import ConfigError, Settings, load_settings
 
 WS_PING_INTERVAL = 20.0  # keepalive pings; a peer silent for interval + timeout is dropped
 WS_PING_TIMEOUT = 20.0

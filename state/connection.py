@@ -10,15 +10,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from gateway.context import Context, Transcript
-from gateway.estimate import estimate
-from gateway.items import output_as_input
+from gateway.engine.context import Context, Transcript
+from gateway.kernel.estimate import estimate
+from gateway.kernel.items import output_as_input
 
 Item = dict[str, Any]
 
 
 class ConnectionCache:
-    """Implements ``gateway.context.ConnectionCache`` for one connection.
+    """Implements ``gateway.engine.context.ConnectionCache`` for one connection.
 
     Transcripts share their item dicts with the turn that produced them (and with each other),
     so an entry costs one list of references, not a copy of the history. Each keeps its estimated

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.settings import StateSettings
+from gateway.kernel.settings import StateSettings
 from state.base import ResponseStore
 from state.memory import MemoryStore
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.errors import chain_too_deep
+from gateway.kernel.errors import chain_too_deep
 from state import codec
 from state.base import StoredResponse
 

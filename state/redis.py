@@ -21,7 +21,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
-from gateway.errors import ServiceUnavailable, chain_too_deep
+from gateway.kernel.errors import ServiceUnavailable, chain_too_deep
 from state import codec
 from state.base import StoredResponse
 

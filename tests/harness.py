@@ -13,7 +13,7 @@ from typing import Any
 import uvicorn
 
 from gateway.app import create_app
-from gateway.settings import Settings
+from gateway.kernel.settings import Settings
 
 
 def free_port() -> int:

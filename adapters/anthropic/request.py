@@ -23,7 +23,7 @@ from adapters.transcript import (
     parse_tool_choice,
     unsupported_content,
 )
-from gateway.errors import UpstreamRejected
+from gateway.kernel.errors import UpstreamRejected
 
 __all__ = ["REDACTED_PREFIX", "build_body", "build_messages", "build_tools", "thinking_budget"]
 

@@ -27,7 +27,7 @@ from adapters.deltas import (
     Usage,
 )
 from adapters.http import error_code_from_body, map_stream_error
-from gateway.errors import UpstreamError
+from gateway.kernel.errors import UpstreamError
 
 __all__ = ["MessagesStreamTranslator", "stream_error"]
 

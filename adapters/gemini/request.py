@@ -21,7 +21,7 @@ from adapters.transcript import (
     parse_tool_choice,
     unsupported_content,
 )
-from gateway.errors import UpstreamRejected
+from gateway.kernel.errors import UpstreamRejected
 
 __all__ = ["build_body", "build_contents", "build_tools", "model_path", "to_gemini_schema"]
 

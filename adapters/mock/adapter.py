@@ -26,7 +26,7 @@ import orjson
 
 from adapters.base import UpstreamRequest
 from adapters.deltas import Delta, Finish, TextDelta, ToolCallArgsDelta, ToolCallStart, Usage
-from gateway.settings import ProviderSettings
+from gateway.kernel.settings import ProviderSettings
 
 
 def example_value(schema: Any, depth: int = 0) -> Any:

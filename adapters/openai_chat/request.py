@@ -11,7 +11,7 @@ from typing import Any
 
 from adapters.base import UpstreamRequest
 from adapters.transcript import function_tools, parse_tool_choice, unsupported_content
-from gateway.errors import UpstreamRejected
+from gateway.kernel.errors import UpstreamRejected
 
 __all__ = ["build_body", "build_messages", "build_tools"]
 

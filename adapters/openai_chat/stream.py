@@ -22,7 +22,7 @@ from adapters.deltas import (
     Usage,
 )
 from adapters.http import error_code_from_body
-from gateway.errors import UpstreamError
+from gateway.kernel.errors import UpstreamError
 
 __all__ = ["ChatStreamTranslator"]
 

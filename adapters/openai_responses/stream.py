@@ -26,7 +26,7 @@ from adapters.deltas import (
 )
 from adapters.http import error_code_from_body, map_stream_error
 from adapters.openai_responses.request import wrap_encrypted
-from gateway.errors import UpstreamError
+from gateway.kernel.errors import UpstreamError
 
 __all__ = ["ResponsesStreamTranslator", "stream_error", "usage_from"]
 

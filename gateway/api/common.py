@@ -12,15 +12,15 @@ from pydantic import BaseModel
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from gateway.encode import json_bytes
-from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge
-from gateway.ids import new_id
+from gateway.api.encode import json_bytes
+from gateway.engine.validate import parse_json, parse_model
+from gateway.kernel.errors import GatewayError, InvalidRequest, PayloadTooLarge
+from gateway.kernel.ids import new_id
 from gateway.metrics import Metrics
-from gateway.validate import parse_json, parse_model
 
 if TYPE_CHECKING:
-    from gateway.auth import Principal
-    from gateway.service import Gateway
+    from gateway.engine.auth import Principal
+    from gateway.engine.orchestrator import Gateway
 
 M = TypeVar("M", bound=BaseModel)
 

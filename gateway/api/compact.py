@@ -7,10 +7,10 @@ from starlette.responses import Response
 
 from compact.service import Compactor
 from gateway.api.common import RequestLog, error_response, read_request
-from gateway.encode import json_bytes
-from gateway.errors import GatewayError
-from gateway.service import Gateway
-from gateway.spec.request import CompactRequestBody
+from gateway.api.encode import json_bytes
+from gateway.engine.orchestrator import Gateway
+from gateway.kernel.errors import GatewayError
+from gateway.kernel.spec.request import CompactRequestBody
 
 
 async def compact_response(request: Request) -> Response:

@@ -15,11 +15,11 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.api.common import RequestLog, error_response, read_request
 from gateway.api.disconnect import DisconnectWatch
-from gateway.encode import SSE_DONE, json_bytes, sse_frame
-from gateway.errors import GatewayError, InvalidRequest
-from gateway.service import Gateway, Prepared
-from gateway.spec.request import CreateResponseBody
-from gateway.turn import TurnResult
+from gateway.api.encode import SSE_DONE, json_bytes, sse_frame
+from gateway.engine.orchestrator import Gateway, Prepared
+from gateway.engine.turn import TurnResult
+from gateway.kernel.errors import GatewayError, InvalidRequest
+from gateway.kernel.spec.request import CreateResponseBody
 
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),

@@ -8,8 +8,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from gateway.api.common import error_response, json_response
-from gateway.errors import GatewayError
-from gateway.service import Gateway
+from gateway.engine.orchestrator import Gateway
+from gateway.kernel.errors import GatewayError
 
 
 async def healthz(request: Request) -> Response:

@@ -7,8 +7,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.api.common import error_response, json_response
-from gateway.errors import GatewayError, InvalidRequest, NotFound
-from gateway.service import Gateway
+from gateway.engine.orchestrator import Gateway
+from gateway.kernel.errors import GatewayError, InvalidRequest, NotFound
 
 
 def _not_found(response_id: str) -> NotFound:

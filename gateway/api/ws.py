@@ -15,9 +15,11 @@ from starlette.requests import Request
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from gateway.api.common import RequestLog, error_response
-from gateway.auth import Principal
-from gateway.encode import ws_text
-from gateway.errors import (
+from gateway.api.encode import ws_text
+from gateway.engine.auth import Principal
+from gateway.engine.orchestrator import Gateway, Prepared
+from gateway.engine.validate import parse_model
+from gateway.kernel.errors import (
     ConnectionLimitReached,
     GatewayError,
     InvalidRequest,
@@ -26,11 +28,9 @@ from gateway.errors import (
     ServerError,
     ServiceUnavailable,
 )
-from gateway.ids import new_id
+from gateway.kernel.ids import new_id
+from gateway.kernel.spec.request import CreateResponseBody
 from gateway.metrics import Metrics
-from gateway.service import Gateway, Prepared
-from gateway.spec.request import CreateResponseBody
-from gateway.validate import parse_model
 from state.connection import ConnectionCache
 
 log = structlog.get_logger("gateway.ws")

@@ -23,8 +23,8 @@ from adapters.deltas import (
     ToolCallStart,
     Usage,
 )
-from gateway.errors import UpstreamError, UpstreamRateLimited, UpstreamRejected
-from gateway.settings import ProviderSettings
+from gateway.kernel.errors import UpstreamError, UpstreamRateLimited, UpstreamRejected
+from gateway.kernel.settings import ProviderSettings
 from tests.adapters.helpers import (
     assistant,
     call,

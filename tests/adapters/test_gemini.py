@@ -22,8 +22,8 @@ from adapters.deltas import (
 from adapters.gemini import GeminiAdapter
 from adapters.gemini.request import build_body, build_contents, build_tools, model_path, to_gemini_schema
 from adapters.gemini.stream import GeminiStreamTranslator
-from gateway.errors import UpstreamError, UpstreamRateLimited, UpstreamRejected
-from gateway.settings import ProviderSettings
+from gateway.kernel.errors import UpstreamError, UpstreamRateLimited, UpstreamRejected
+from gateway.kernel.settings import ProviderSettings
 from tests.adapters.helpers import (
     assistant,
     call,

@@ -21,14 +21,14 @@ from adapters.http import (
     open_stream,
     parse_retry_after,
 )
-from gateway.errors import (
+from gateway.kernel.errors import (
     UpstreamConnectError,
     UpstreamError,
     UpstreamRateLimited,
     UpstreamRejected,
     UpstreamTimeout,
 )
-from gateway.settings import ProviderSettings, Timeouts
+from gateway.kernel.settings import ProviderSettings, Timeouts
 from tests.fakes.server import serve_asgi, serve_raw, unused_port
 
 SECRET = "sk-live-SECRET-0123456789"

@@ -24,14 +24,14 @@ from adapters.deltas import (
 from adapters.openai_chat import OpenAIChatAdapter
 from adapters.openai_chat.request import build_body, build_messages, build_tools
 from adapters.openai_chat.stream import ChatStreamTranslator
-from gateway.errors import (
+from gateway.kernel.errors import (
     UpstreamConnectError,
     UpstreamError,
     UpstreamRateLimited,
     UpstreamRejected,
     UpstreamTimeout,
 )
-from gateway.settings import ProviderSettings, Timeouts
+from gateway.kernel.settings import ProviderSettings, Timeouts
 from tests.adapters.helpers import assistant, call, collector, fake_fixtures, output, text_of, user
 from tests.fakes.openai_chat import FakeOpenAIChat, Reply, usage_chunk
 from tests.fakes.server import unused_port

@@ -24,8 +24,8 @@ from adapters.deltas import (
 from adapters.openai_responses import OpenAIResponsesAdapter
 from adapters.openai_responses.request import build_body, build_input, unwrap_encrypted, wrap_encrypted
 from adapters.openai_responses.stream import ResponsesStreamTranslator
-from gateway.errors import UpstreamError, UpstreamRateLimited, UpstreamRejected
-from gateway.settings import ProviderSettings
+from gateway.kernel.errors import UpstreamError, UpstreamRateLimited, UpstreamRejected
+from gateway.kernel.settings import ProviderSettings
 from tests.adapters.helpers import collector, fake_fixtures, text_of, translator_run
 from tests.fakes.openai_responses import FakeOpenAIResponses, Reply
 

@@ -17,8 +17,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from adapters.http import create_client, open_stream
-from gateway.errors import UpstreamConnectError
-from gateway.settings import ProviderSettings
+from gateway.kernel.errors import UpstreamConnectError
+from gateway.kernel.settings import ProviderSettings
 
 BODY = b'{"ok":true}'
 

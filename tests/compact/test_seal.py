@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from compact.seal import Sealer, decode_key, key_id
-from gateway.errors import InvalidEncryptedContent
-from gateway.settings import CompactionSettings, ConfigError
+from gateway.kernel.errors import InvalidEncryptedContent
+from gateway.kernel.settings import CompactionSettings, ConfigError
 
 K1 = bytes(range(32))
 K2 = bytes(range(100, 132))

@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 
 from adapters.mock.adapter import MockAdapter
 from compact.truncation import fit_context
-from gateway.context import Context, check_call_ids
-from gateway.errors import ContextLengthExceeded
-from gateway.estimate import (
+from gateway.engine.context import Context, check_call_ids
+from gateway.engine.routing import Route
+from gateway.kernel.errors import ContextLengthExceeded
+from gateway.kernel.estimate import (
     FILE_TOKENS,
     IMAGE_LOW_TOKENS,
     IMAGE_TOKENS,
@@ -21,7 +22,6 @@ from gateway.estimate import (
     estimate_item,
     estimate_text,
 )
-from gateway.routing import Route
 
 Item = dict[str, Any]
 

@@ -14,9 +14,9 @@ import pytest
 from adapters.anthropic import AnthropicAdapter
 from adapters.gemini import GeminiAdapter
 from adapters.openai_responses import OpenAIResponsesAdapter
-from gateway.errors import ModelNotFound
-from gateway.routing import Router
-from gateway.settings import Settings
+from gateway.engine.routing import Router
+from gateway.kernel.errors import ModelNotFound
+from gateway.kernel.settings import Settings
 from tests.fakes import anthropic, gemini, openai_chat, openai_responses
 from tests.fakes.server import unused_port
 from tests.harness import ServedApp, serve_gateway

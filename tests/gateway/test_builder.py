@@ -22,10 +22,10 @@ from adapters.deltas import (
     ToolCallStart,
     Usage,
 )
-from gateway.builder import IllegalTransition, ResponseBuilder
-from gateway.errors import UpstreamError
-from gateway.resource import new_resource
-from gateway.spec.request import CreateResponseBody
+from gateway.engine.builder import IllegalTransition, ResponseBuilder
+from gateway.engine.resource import new_resource
+from gateway.kernel.errors import UpstreamError
+from gateway.kernel.spec.request import CreateResponseBody
 
 
 def fresh_builder() -> ResponseBuilder:

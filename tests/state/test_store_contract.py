@@ -15,8 +15,8 @@ import redis.asyncio as aioredis
 from pydantic import SecretStr
 from redis.asyncio.connection import AbstractConnection
 
-from gateway.errors import InvalidRequest, ServiceUnavailable
-from gateway.settings import StateSettings
+from gateway.kernel.errors import InvalidRequest, ServiceUnavailable
+from gateway.kernel.settings import StateSettings
 from state import codec
 from state.base import ResponseStore
 from state.factory import create_store

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gateway.cli import uvicorn_ws_options
-from gateway.settings import Settings
+from gateway.kernel.settings import Settings
 from tests.harness import ServedApp, serve_gateway
 
 

@@ -15,8 +15,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from adapters.base import Adapter, UpstreamRequest
 from adapters.deltas import Delta, Finish, TextDelta, Usage
 from adapters.mock.adapter import MockAdapter
-from gateway.errors import UpstreamError
-from gateway.settings import ModelRoute, ProviderSettings, RetrySettings
+from gateway.kernel.errors import UpstreamError
+from gateway.kernel.settings import ModelRoute, ProviderSettings, RetrySettings
 from tests.harness import ServedApp
 
 TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})

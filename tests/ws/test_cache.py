@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.context import Context, Transcript
-from gateway.estimate import estimate
+from gateway.engine.context import Context, Transcript
+from gateway.kernel.estimate import estimate
 from state.connection import ConnectionCache
 
 

@@ -12,7 +12,7 @@ from agents import Agent, ModelSettings, function_tool, responses_websocket_sess
 
 from gateway.app import create_app
 from gateway.cli import uvicorn_ws_options
-from gateway.settings import Settings
+from gateway.kernel.settings import Settings
 from tests.harness import ServedApp
 from tests.ws.support import FrameTap, Recorder, install
 

@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from gateway.app import create_app
 from gateway.cli import GatewayServer, uvicorn_ws_options
-from gateway.settings import Settings
+from gateway.kernel.settings import Settings
 from tests.harness import ServedApp, free_port, serve_gateway
 from tests.ws.conftest import serve
 from tests.ws.support import (

@@ -8,7 +8,7 @@ import asyncio
 import orjson
 import pytest
 
-from gateway.errors import UpstreamRejected
+from gateway.kernel.errors import UpstreamRejected
 from tests.harness import ServedApp
 from tests.ws.support import (
     FailFirst,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.ids import new_id
-from gateway.spec.request import (
+from gateway.kernel.ids import new_id
+from gateway.kernel.spec.request import (
     CompactionItem,
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -91,7 +91,7 @@ def normalize(item: Any) -> dict[str, Any]:
             out["encrypted_content"] = item.encrypted_content
         return out
     if isinstance(item, ItemReference | CompactionItem):
-        raise TypeError("references and compaction items are resolved by gateway/context.py")
+        raise TypeError("references and compaction items are resolved by gateway/engine/context.py")
     raise TypeError(f"unknown item {type(item).__name__}")
 
 

@@ -2,7 +2,7 @@
 
 Pydantic at the edge: parse once, then the rest of the gateway works on plain dicts.
 Unknown extra fields are ignored (schemas are not sealed); a wrong type is a 400 whose
-``param`` names the field path (see ``gateway/validate.py``).
+``param`` names the field path (see ``gateway/engine/validate.py``).
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from gateway.errors import InvalidRequest
-from gateway.spec.request import ITEM_TAGS, PART_TAGS
+from gateway.kernel.errors import InvalidRequest
+from gateway.kernel.spec.request import ITEM_TAGS, PART_TAGS
 
 M = TypeVar("M", bound=BaseModel)
 _TYPE_WORDS = frozenset({"str", "int", "float", "bool", "none", "dict", "list", "is-instance"})

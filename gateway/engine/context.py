@@ -12,15 +12,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gateway.errors import (
+from gateway.kernel.errors import (
     InvalidEncryptedContent,
     InvalidRequest,
     PreviousResponseNotFound,
     chain_too_deep,
 )
-from gateway.ids import new_id
-from gateway.items import message, normalize, output_as_input
-from gateway.spec.request import CompactionItem, ItemReference
+from gateway.kernel.ids import new_id
+from gateway.kernel.items import message, normalize, output_as_input
+from gateway.kernel.spec.request import CompactionItem, ItemReference
 from state.base import ResponseStore
 
 Item = dict[str, Any]
@@ -31,7 +31,7 @@ CompactionOpener = Callable[[CompactionItem, str], list[Item]]
 class Transcript:
     """A cached effective transcript and what is already known of it, so that a continuation
     costs its new items, not the length of the conversation: the estimated tokens
-    (``gateway/estimate.py``; None when not counted) and the ids of its function calls."""
+    (``gateway/kernel/estimate.py``; None when not counted) and the ids of its function calls."""
 
     items: list[Item]
     tokens: int | None

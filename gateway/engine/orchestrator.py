@@ -11,15 +11,15 @@ from typing import Any, Protocol
 import orjson
 
 from adapters.base import UpstreamRequest
-from gateway.auth import Authenticator, Principal
-from gateway.context import CompactionOpener, ConnectionCache, Context, build_context
-from gateway.errors import InvalidRequest
-from gateway.ids import response_id
-from gateway.resource import new_resource, text_echo, tool_choice_echo, tools_echo
-from gateway.routing import Route, Router
-from gateway.settings import Settings
-from gateway.spec.request import CreateResponseBody
-from gateway.turn import Turn, TurnResult
+from gateway.engine.auth import Authenticator, Principal
+from gateway.engine.context import CompactionOpener, ConnectionCache, Context, build_context
+from gateway.engine.resource import new_resource, text_echo, tool_choice_echo, tools_echo
+from gateway.engine.routing import Route, Router
+from gateway.engine.turn import Turn, TurnResult
+from gateway.kernel.errors import InvalidRequest
+from gateway.kernel.ids import response_id
+from gateway.kernel.settings import Settings
+from gateway.kernel.spec.request import CreateResponseBody
 from state.base import ResponseStore, StoredResponse
 
 

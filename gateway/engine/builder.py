@@ -26,8 +26,8 @@ from adapters.deltas import (
     ToolCallStart,
     Usage,
 )
-from gateway.errors import GatewayError, UpstreamError
-from gateway.ids import new_id
+from gateway.kernel.errors import GatewayError, UpstreamError
+from gateway.kernel.ids import new_id
 
 Event = dict[str, Any]
 
@@ -54,6 +54,7 @@ class ResponseBuilder:
     __slots__ = (
         "_call_keys",
         "_closed_calls",
+        "_error_event",
         "_finish",
         "_item",
         "_item_kind",
@@ -69,9 +70,12 @@ class ResponseBuilder:
         "state",
     )
 
-    def __init__(self, resource: dict[str, Any]) -> None:
-        """``resource`` is a complete ResponseResource with ``status: in_progress`` and empty output."""
+    def __init__(self, resource: dict[str, Any], *, error_event: bool = True) -> None:
+        """``resource`` is a complete ResponseResource with ``status: in_progress`` and empty output.
+        ``error_event``: a failure mid-stream emits ``error`` before ``response.failed`` (SSE, JSON);
+        False emits ``response.failed`` alone (a WebSocket, whose clients end a turn at any error)."""
         self.resource = resource
+        self._error_event = error_event
         self.state = ResponseState.NEW
         self._seq = 0
         self._oi = -1
@@ -185,7 +189,7 @@ class ResponseBuilder:
         res = self.resource
         res["status"] = "failed"
         res["error"] = error.response_error()
-        events = [error.stream_event(self._next())] if started else []
+        events = [error.stream_event(self._next())] if started and self._error_event else []
         events.append({"type": "response.failed", "sequence_number": self._next(), "response": res})
         return events
 
@@ -201,10 +205,9 @@ class ResponseBuilder:
         res["completed_at"] = None
         res["incomplete_details"] = None
         res["error"] = error.response_error()
-        return [
-            error.stream_event(self._next()),
-            {"type": "response.failed", "sequence_number": self._next(), "response": res},
-        ]
+        events = [error.stream_event(self._next())] if self._error_event else []
+        events.append({"type": "response.failed", "sequence_number": self._next(), "response": res})
+        return events
 
     @property
     def finish_reason(self) -> str | None:

@@ -6,8 +6,8 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 
-from gateway.errors import AuthenticationFailed
-from gateway.settings import AuthSettings
+from gateway.kernel.errors import AuthenticationFailed
+from gateway.kernel.settings import AuthSettings
 
 
 @dataclass(slots=True, frozen=True)

@@ -18,13 +18,13 @@ import structlog
 
 from adapters.base import UpstreamRequest
 from adapters.deltas import Delta, Finish, ToolCallArgsDelta, ToolCallStart
-from gateway.builder import ResponseBuilder
-from gateway.errors import GatewayError, ServerError, UpstreamError
-from gateway.routing import Route, Router
-from gateway.settings import RetrySettings
+from gateway.engine.builder import ResponseBuilder
+from gateway.engine.routing import Route, Router
+from gateway.kernel.errors import GatewayError, ServerError, UpstreamError
+from gateway.kernel.settings import RetrySettings
 from state.base import ResponseStore, StoredResponse
 
-log = structlog.get_logger("gateway.turn")
+log = structlog.get_logger("gateway.engine.turn")
 Event = dict[str, Any]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gateway.spec.request import CreateResponseBody, ToolChoiceAllowed, ToolChoiceFunction
+from gateway.kernel.spec.request import CreateResponseBody, ToolChoiceAllowed, ToolChoiceFunction
 
 
 def tools_echo(body: CreateResponseBody) -> list[dict[str, Any]]:

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 from adapters.base import Adapter
 from adapters.registry import create_adapter
-from gateway.errors import ModelNotFound
-from gateway.settings import ModelRoute, ProviderSettings, Settings
+from gateway.kernel.errors import ModelNotFound
+from gateway.kernel.settings import ModelRoute, ProviderSettings, Settings
 
 DEFAULT_CONTEXT_WINDOW = 128_000
 
