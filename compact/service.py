@@ -12,7 +12,6 @@ from compact import strategy
 from compact.opener import SUMMARY_MESSAGE_HEADER, Opener
 from compact.seal import Sealer
 from gateway.engine.auth import Principal
-from gateway.engine.context import build_context
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.routing import Route
 from gateway.kernel.errors import ServerError, UpstreamError
@@ -89,14 +88,7 @@ class Compactor:
     async def compact(self, body: CompactRequestBody, principal: Principal) -> dict[str, Any]:
         gw = self.gateway
         route = gw.route(body.model, principal)
-        ctx = await build_context(
-            input_=body.input,
-            previous_response_id=body.previous_response_id,
-            tenant=principal.tenant,
-            store=gw.store,
-            open_compaction=gw.open_compaction,
-            max_depth=gw.settings.state.max_chain_depth,
-        )
+        ctx = await gw.context(body.input, body.previous_response_id, principal)
         plan = strategy.plan(ctx.transcript, self.settings.keep_recent_items)
         summary, usage = await self._summarize(plan.older, body, principal, route)
         now = int(time.time())
@@ -164,17 +156,11 @@ class Compactor:
                 "prompt_cache_key": body.prompt_cache_key,
             }
         )
-        prepared = await self.gateway.prepare(request, principal, streaming=False)
-        try:
-            await prepared.turn.open()
-            async for _ in prepared.turn.events():
-                pass
-        finally:
-            await prepared.turn.close()
-        result = prepared.turn.result
+        turn = await self.gateway.prepare(request, principal, streaming=False)
+        result = await turn.run()
         if result.error is not None:
             raise result.error
-        resource = prepared.turn.builder.resource
+        resource = result.resource
         summary = _output_text(resource).strip()
         if not summary:
             raise UpstreamError("The model returned an empty summary.", code="empty_summary")

@@ -7,13 +7,16 @@ The estimator and how wrong it can be: ``gateway/kernel/estimate.py``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import structlog
 
 from compact.strategy import is_pinned
-from gateway.engine.context import Context, call_ids
+from gateway.engine.context import Context
 from gateway.engine.routing import Route
 from gateway.kernel.errors import ContextLengthExceeded
 from gateway.kernel.estimate import estimate, estimate_item
+from gateway.kernel.items import call_ids
 
 log = structlog.get_logger("compact.truncation")
 __all__ = ["fit_context"]
@@ -70,10 +73,13 @@ def fit_context(ctx: Context, route: Route, truncation: str, *, reserved: int = 
     log.info("context_truncated", model=route.model, dropped=len(dropped), before=before, after=total)
     history = [i for n, i in enumerate(ctx.history) if n not in dropped]
     new_items = [i for n, i in enumerate(ctx.new_items, start=split) if n not in dropped]
-    return Context(
+    # Only the upstream's view shrinks: what is stored (stored_items) stays what the client sent.
+    return dataclasses.replace(
+        ctx,
         history=history,
         new_items=new_items,
         tokens=total,
         calls=call_ids([*history, *new_items]),
-        depth=ctx.depth,
+        history_tokens=None,
+        stored_items=ctx.input_items,
     )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
+from typing import Any
 
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 MAX_MODEL_LABELS = 1000  # pass-through models are open-ended: beyond this many, "_other"
@@ -27,7 +29,7 @@ class Metrics:
         return model
 
     def observe(
-        self, transport: str, model: str, status: str, seconds: float, usage: dict[str, int] | None
+        self, transport: str, model: str, status: str, seconds: float, usage: Mapping[str, Any] | None
     ) -> None:
         model = self._label(model)
         self.requests[(transport, model, status)] += 1

@@ -1,4 +1,5 @@
-"""The ResponseStore seam: what the gateway persists for ``store: true`` responses.
+"""The state seams: the ResponseStore (what the gateway persists for ``store: true`` responses) and
+the WebSocket's connection-local cache of transcripts (``ConnectionCache``, its entry ``Transcript``).
 
 A stored response holds only its *own* input items and its output (inside ``resource``), plus
 a pointer to its predecessor, so a chain of N turns costs O(N) bytes and is reassembled by
@@ -26,6 +27,32 @@ class StoredResponse:
     @property
     def output_items(self) -> list[dict[str, Any]]:
         return self.resource.get("output", [])
+
+
+@dataclass(slots=True, frozen=True)
+class Transcript:
+    """An effective transcript (the inherited chain + a turn's input + its output in input form)
+    and what is already known of it, so that a continuation costs its new items, not the length of
+    the conversation: the estimated tokens (``gateway/kernel/estimate.py``; None when not counted)
+    and the ids of its function calls."""
+
+    items: list[dict[str, Any]]
+    tokens: int | None
+    calls: frozenset[str]
+    depth: int = 1  # responses in the chain this transcript ends (max_chain_depth applies to it)
+
+
+class ConnectionCache(Protocol):
+    """What a WebSocket keeps per connection (``state/connection.py``)."""
+
+    def get_transcript(self, response_id: str) -> Transcript | None: ...
+
+    def find_item(self, item_id: str) -> dict[str, Any] | None: ...
+
+    def remember(self, response_id: str, ran_on: Transcript, output: list[dict[str, Any]]) -> None:
+        """Cache a finished turn: the transcript it ran on, extended by its output items."""
+
+    def evict(self, response_id: str) -> None: ...
 
 
 class ResponseStore(Protocol):

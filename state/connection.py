@@ -2,7 +2,8 @@
 effective transcript (inherited chain + own input + output in input form), bounded LRU.
 
 It is the only home of ``store: false`` state, it is never shared across connections, and a
-continuation that fails evicts the id it referenced (NOTES §8.5-8.6).
+continuation that fails evicts the id it referenced, so that retrying it cannot succeed from a
+cache that no longer matches what the client saw.
 """
 
 from __future__ import annotations
@@ -10,15 +11,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from gateway.engine.context import Context, Transcript
 from gateway.kernel.estimate import estimate
 from gateway.kernel.items import output_as_input
+from state.base import Transcript
 
 Item = dict[str, Any]
 
 
 class ConnectionCache:
-    """Implements ``gateway.engine.context.ConnectionCache`` for one connection.
+    """Implements ``state.base.ConnectionCache`` for one connection.
 
     Transcripts share their item dicts with the turn that produced them (and with each other),
     so an entry costs one list of references, not a copy of the history. Each keeps its estimated
@@ -58,17 +59,18 @@ class ConnectionCache:
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
 
-    def remember(self, response_id: str, context: Context, output: list[Item]) -> None:
-        """Cache a finished turn: the transcript it ran on plus its output items in input form."""
+    def remember(self, response_id: str, ran_on: Transcript, output: list[Item]) -> None:
+        """Cache a finished turn: the transcript it ran on plus its output items in input form
+        (``ran_on.depth`` counts the responses before this one)."""
         produced = [output_as_input(o) for o in output]
         calls = {o["call_id"] for o in produced if o.get("type") == "function_call"}
         self.put(
             response_id,
             Transcript(
-                items=[*context.transcript, *produced],
-                tokens=None if context.tokens is None else context.tokens + estimate(produced),
-                calls=context.calls | calls if calls else context.calls,
-                depth=context.depth + 1,
+                items=[*ran_on.items, *produced],
+                tokens=None if ran_on.tokens is None else ran_on.tokens + estimate(produced),
+                calls=ran_on.calls | calls if calls else ran_on.calls,
+                depth=ran_on.depth + 1,
             ),
         )
 

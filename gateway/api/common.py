@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import structlog
 from pydantic import BaseModel
@@ -13,7 +13,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gateway.api.encode import json_bytes
-from gateway.engine.validate import parse_json, parse_model
+from gateway.engine.validate import parse_json
 from gateway.kernel.errors import GatewayError, InvalidRequest, PayloadTooLarge
 from gateway.kernel.ids import new_id
 from gateway.metrics import Metrics
@@ -21,8 +21,16 @@ from gateway.metrics import Metrics
 if TYPE_CHECKING:
     from gateway.engine.auth import Principal
     from gateway.engine.orchestrator import Gateway
+    from gateway.engine.turn import TurnResult
 
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M", bound=BaseModel, covariant=True)
+
+
+class RequestValidator(Protocol[M]):
+    """``gateway.engine.validate.create_request`` or ``compact_request``."""
+
+    def __call__(self, data: Any, *, max_elements: int) -> M: ...
+
 
 access_log = structlog.get_logger("gateway.access")
 
@@ -90,6 +98,14 @@ class RequestLog:
         self.emit(status, **extra)
         metrics.observe(self.fields["transport"], self.metric_model(), str(status), self.elapsed(), usage)
 
+    def turn_ended(self, metrics: Metrics, result: TurnResult) -> None:
+        """The end-of-turn hook's part: a turn that failed while opening logs its HTTP status, as a
+        refused request does; any other its final status."""
+        err = result.error
+        status: int | str = err.status if err is not None and not result.started else result.status
+        code = err.code if err is not None else None
+        self.done(metrics, status, result.usage, provider=result.provider, error_code=code)
+
     def emit(self, status: int | str, **extra: Any) -> None:
         self.fields.update(extra)
         model = self.fields.get("model")
@@ -99,14 +115,14 @@ class RequestLog:
 
 
 async def read_request(
-    request: Request, gw: Gateway, model: type[M], rlog: RequestLog
+    request: Request, gw: Gateway, validate: RequestValidator[M], rlog: RequestLog
 ) -> tuple[Principal, M]:
-    """Authenticate, read the capped body and validate it as ``model`` (with the input-size limit);
-    the tenant and the model go on the log line as soon as they are known."""
+    """Authenticate, read the capped body and ``validate`` it (the engine's one validator, with the
+    input-size limit); the tenant and the model go on the log line as soon as they are known."""
     principal = gw.auth.authenticate(request.headers.get("authorization"))
     rlog.fields["tenant"] = principal.tenant
     limits = gw.settings.limits
     raw = await read_body(request, limits.max_body_bytes)
-    body = parse_model(model, parse_json(raw), max_elements=limits.max_input_elements)
+    body = validate(parse_json(raw), max_elements=limits.max_input_elements)
     rlog.fields["model"] = getattr(body, "model", None)
     return principal, body

@@ -9,8 +9,8 @@ from compact.service import Compactor
 from gateway.api.common import RequestLog, error_response, read_request
 from gateway.api.encode import json_bytes
 from gateway.engine.orchestrator import Gateway
+from gateway.engine.validate import compact_request
 from gateway.kernel.errors import GatewayError
-from gateway.kernel.spec.request import CompactRequestBody
 
 
 async def compact_response(request: Request) -> Response:
@@ -19,7 +19,7 @@ async def compact_response(request: Request) -> Response:
     headers = {"x-request-id": rlog.request_id}
     metrics = request.app.state.metrics
     try:
-        principal, body = await read_request(request, gw, CompactRequestBody, rlog)
+        principal, body = await read_request(request, gw, compact_request, rlog)
         result = await Compactor(gw).compact(body, principal)
     except GatewayError as err:
         rlog.done(metrics, err.status, error_code=err.code)

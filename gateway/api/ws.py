@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator
 from typing import Any, cast
 
 import orjson
@@ -17,8 +16,9 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from gateway.api.common import RequestLog, error_response
 from gateway.api.encode import ws_text
 from gateway.engine.auth import Principal
-from gateway.engine.orchestrator import Gateway, Prepared
-from gateway.engine.validate import parse_model
+from gateway.engine.orchestrator import Gateway
+from gateway.engine.turn import TurnResult
+from gateway.engine.validate import create_request
 from gateway.kernel.errors import (
     ConnectionLimitReached,
     GatewayError,
@@ -29,7 +29,6 @@ from gateway.kernel.errors import (
     ServiceUnavailable,
 )
 from gateway.kernel.ids import new_id
-from gateway.kernel.spec.request import CreateResponseBody
 from gateway.metrics import Metrics
 from state.connection import ConnectionCache
 
@@ -39,8 +38,8 @@ Job = str | GatewayError  # a raw text frame, or the error a bad frame already e
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
 CLOSE_INTERNAL_ERROR = 1011
-_IGNORED_KEYS = ("type", "stream", "stream_options")  # real clients send stream:true (NOTES §16)
-_ENDED = frozenset({"completed", "incomplete"})
+# Real clients (the openai SDKs) send stream: true and stream_options on a WebSocket create too.
+_IGNORED_KEYS = ("type", "stream", "stream_options")
 
 
 class WebSocketHub:
@@ -257,7 +256,6 @@ class Connection:
         rlog.fields["connection_id"] = self.id
         rlog.fields["tenant"] = self.principal.tenant
         previous: str | None = None
-        prepared: Prepared | None = None
         try:
             if isinstance(job, GatewayError):
                 raise job
@@ -266,65 +264,40 @@ class Connection:
             previous = prev if isinstance(prev, str) else None
             model = data.get("model")
             rlog.fields["model"] = model if isinstance(model, str) else None
-            if data.get("background"):
-                raise InvalidRequest(
-                    "Background responses are not supported on a WebSocket.",
-                    param="background",
-                    code="unsupported_parameter",
-                )
-            body = parse_model(
-                CreateResponseBody, data, max_elements=self.gw.settings.limits.max_input_elements
+            body = create_request(data, max_elements=self.gw.settings.limits.max_input_elements)
+            turn = await self.gw.prepare(
+                body, self.principal, cache=self.cache, error_event=False, request_id=rlog.request_id
             )
-            prepared = await self.gw.prepare(body, self.principal, cache=self.cache)
-            rlog.fields["provider"] = prepared.route.provider
-            rlog.routed = True
-            await prepared.turn.open()
         except Exception as exc:
-            if isinstance(exc, GatewayError):
-                err = exc
-            else:
-                log.exception("websocket_turn_crashed", connection_id=self.id)
-                err = ServerError("The gateway hit an unexpected error.")
-            if prepared is not None:
-                await prepared.turn.close()
+            err = exc if isinstance(exc, GatewayError) else self._crashed()
             if previous is not None:
                 self.cache.evict(previous)  # a failed continuation: retrying it must not hit the cache
-            await self._send(ws_text(err.ws_envelope()))  # before generation: the envelope only
             rlog.done(self.metrics, err.status, error_code=err.code)
+            await self._send(ws_text(err.ws_envelope()))
             return
-        await self._stream(prepared, rlog, previous)
-
-    async def _stream(self, prepared: Prepared, rlog: RequestLog, previous: str | None) -> None:
-        turn = prepared.turn
-        send = self._send
-        dropped: int | None = None
-        finished = False
+        rlog.fields["provider"] = turn.route.provider
+        rlog.routed = True
+        turn.on_end(lambda result: self._ended(result, rlog, previous))
         try:
-            # Closed explicitly (not left to GC) so a cancelled turn closes its adapter stream now.
-            async with contextlib.aclosing(
-                cast(AsyncGenerator[dict[str, Any], None], turn.events())
-            ) as events:
-                async for event in events:
-                    if event["type"] == "error":
-                        # On a WebSocket a turn gets exactly one terminal message: the reference
-                        # client ends a turn at any "error", so only response.failed is sent,
-                        # taking over the dropped event's number (no gap).
-                        dropped = event["sequence_number"]
-                        continue
-                    if dropped is not None:
-                        event["sequence_number"] = dropped
-                        dropped = None
-                    await send(ws_text(event))
-            finished = True
-        finally:
-            result = turn.result
-            if finished and result.status in _ENDED:
-                self.cache.remember(turn.builder.resource["id"], prepared.context, result.output)
-            elif previous is not None:
-                self.cache.evict(previous)
-            status = result.status if finished else "cancelled"
-            error_code = result.error.code if result.error else None
-            rlog.done(self.metrics, status, result.usage, provider=result.provider, error_code=error_code)
+            await turn.run(self._emit)
+        except GatewayError as err:  # before generation: the envelope only
+            await self._send(ws_text(err.ws_envelope()))
+
+    async def _emit(self, event: dict[str, Any]) -> None:
+        await self._send(ws_text(event))
+
+    def _ended(self, result: TurnResult, rlog: RequestLog, previous: str | None) -> None:
+        """The end-of-turn hook: the connection cache remembers a response that exists, and forgets
+        the one a failed continuation referenced; then the log line."""
+        if result.ended:
+            self.cache.remember(result.resource["id"], result.context.ran_on(), result.output)
+        elif previous is not None:
+            self.cache.evict(previous)
+        rlog.turn_ended(self.metrics, result)
+
+    def _crashed(self) -> GatewayError:
+        log.exception("websocket_turn_crashed", connection_id=self.id)
+        return ServerError("The gateway hit an unexpected error.")
 
 
 def _parse(text: str) -> dict[str, Any]:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
+from gateway.engine.validate import check_call_ids
 from gateway.kernel.errors import (
     InvalidEncryptedContent,
     InvalidRequest,
@@ -19,39 +20,22 @@ from gateway.kernel.errors import (
     chain_too_deep,
 )
 from gateway.kernel.ids import new_id
-from gateway.kernel.items import message, normalize, output_as_input
+from gateway.kernel.items import call_ids, message, normalize, output_as_input
 from gateway.kernel.spec.request import CompactionItem, ItemReference
-from state.base import ResponseStore
+from state.base import ConnectionCache, ResponseStore, Transcript
 
 Item = dict[str, Any]
 CompactionOpener = Callable[[CompactionItem, str], list[Item]]
 
 
-@dataclass(slots=True, frozen=True)
-class Transcript:
-    """A cached effective transcript and what is already known of it, so that a continuation
-    costs its new items, not the length of the conversation: the estimated tokens
-    (``gateway/kernel/estimate.py``; None when not counted) and the ids of its function calls."""
-
-    items: list[Item]
-    tokens: int | None
-    calls: frozenset[str]
-    depth: int = 1  # responses in the chain this transcript ends (max_chain_depth applies to it)
-
-
-class ConnectionCache(Protocol):
-    """What a WebSocket keeps per connection (state/connection.py)."""
-
-    def get_transcript(self, response_id: str) -> Transcript | None: ...
-
-    def find_item(self, item_id: str) -> Item | None: ...
-
-
 @dataclass(slots=True)
 class Context:
+    """A turn's assembled context. Truncation derives a shorter one with ``dataclasses.replace``,
+    so what is stored (``stored_items``) never changes with what the upstream is shown."""
+
     history: list[Item]  # items inherited through previous_response_id
     new_items: list[Item]  # this turn's own input, normalized, compaction items opened
-    stored_items: list[Item] | None = None  # what gets stored for it, if not new_items (sealed)
+    stored_items: list[Item] | None = None  # what gets stored for it: the input as sent (sealed)
     calls: frozenset[str] = frozenset()  # call ids of the function calls in the transcript
     history_tokens: int | None = None  # the history's estimated tokens, when a cache knew them
     depth: int = 0  # responses in the previous_response_id chain
@@ -60,6 +44,15 @@ class Context:
     @property
     def transcript(self) -> list[Item]:
         return self.history + self.new_items if self.history else self.new_items
+
+    @property
+    def input_items(self) -> list[Item]:
+        """This turn's input as it is stored: what the client sent, compaction items sealed."""
+        return self.new_items if self.stored_items is None else self.stored_items
+
+    def ran_on(self) -> Transcript:
+        """The transcript the turn ran on, as the connection cache keeps it."""
+        return Transcript(items=self.transcript, tokens=self.tokens, calls=self.calls, depth=self.depth)
 
 
 async def _history(
@@ -121,6 +114,7 @@ async def build_context(
     stored_items: list[Item] | None = None
     if isinstance(input_, str):
         new_items.append(message("user", input_))
+        stored_items = new_items
     elif input_:
         refs = [i.id for i in input_ if isinstance(i, ItemReference)]
         resolved = await _resolve_refs(refs, tenant, store, cache, history) if refs else {}
@@ -140,8 +134,7 @@ async def build_context(
                 new_items.extend(_reopen(given, tenant, open_compaction, param))
             else:
                 new_items.append(given)
-        if sealed:
-            stored_items = stored
+        stored_items = stored if sealed else new_items
     calls = check_call_ids(history, new_items, known.calls if known is not None else None)
     return Context(
         history=history,
@@ -186,44 +179,3 @@ async def _resolve_refs(
                 )
             found[item_id] = output_as_input(item) if "status" in item else item
     return found
-
-
-def call_ids(items: list[Item]) -> frozenset[str]:
-    return frozenset(i["call_id"] for i in items if i.get("type") == "function_call")
-
-
-def check_call_ids(
-    history: list[Item], new_items: list[Item], history_calls: frozenset[str] | None = None
-) -> frozenset[str]:
-    """Every function_call_output must answer an earlier function_call; call ids are unique.
-    Returns the call ids of history and new items (``history_calls``: the history's, if known)."""
-    known = call_ids(history) if history_calls is None else history_calls
-    calls: set[str] = set()  # the new items' own
-
-    for index, item in enumerate(new_items):
-        kind = item.get("type")
-        if kind == "function_call":
-            if (item["call_id"] in known or item["call_id"] in calls) and not _same_call(history, item):
-                raise InvalidRequest(
-                    f"Duplicate function call id '{item['call_id']}'.",
-                    param=f"input[{index}].call_id",
-                    code="duplicate_call_id",
-                )
-            calls.add(item["call_id"])
-        elif kind == "function_call_output" and item["call_id"] not in calls and item["call_id"] not in known:
-            raise InvalidRequest(
-                f"No tool call found for function call output with call_id '{item['call_id']}'.",
-                param=f"input[{index}].call_id",
-                code="invalid_function_call_output",
-            )
-    return known | calls if calls else known
-
-
-def _same_call(history: list[Item], item: Item) -> bool:
-    # A client replaying history may resend the very call it got back (same item id).
-    return any(
-        h.get("type") == "function_call"
-        and h.get("id") == item.get("id")
-        and h.get("call_id") == item["call_id"]
-        for h in history
-    )

@@ -1,39 +1,35 @@
-"""The transport-independent front of a turn: route, assemble context, build the upstream request,
-make the Turn. HTTP and WebSocket both come through ``Gateway.prepare``."""
+"""The orchestrator: turns a validated create request into a ready ``Turn``, in one pass.
+
+Route it (the route carries its fallbacks and retry policy), assemble its context (the chain,
+references, opened compaction items, the new input), fit the context into the window (the
+injected ``fit_context`` hook), then derive the ResponseResource and the upstream request from one
+read of the request (``Echoes``). A ``store: true`` turn gets the store write as its first
+end-of-turn hook. HTTP, the WebSocket and compaction's summarizing call all come through
+``Gateway.prepare``; the engine knows compaction only through the two injected hooks.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import orjson
 
-from adapters.base import UpstreamRequest
 from gateway.engine.auth import Authenticator, Principal
-from gateway.engine.context import CompactionOpener, ConnectionCache, Context, build_context
-from gateway.engine.resource import new_resource, text_echo, tool_choice_echo, tools_echo
+from gateway.engine.context import CompactionOpener, Context, build_context
+from gateway.engine.resource import Echoes, new_resource
 from gateway.engine.routing import Route, Router
 from gateway.engine.turn import Turn, TurnResult
-from gateway.kernel.errors import InvalidRequest
+from gateway.engine.upstream import upstream_request
 from gateway.kernel.ids import response_id
 from gateway.kernel.settings import Settings
 from gateway.kernel.spec.request import CreateResponseBody
-from state.base import ResponseStore, StoredResponse
+from state.base import ConnectionCache, ResponseStore, StoredResponse
 
 
 class ContextFitter(Protocol):
     def __call__(self, ctx: Context, route: Route, truncation: str, *, reserved: int = 0) -> Context: ...
-
-
-@dataclass(slots=True)
-class Prepared:
-    turn: Turn
-    context: Context
-    route: Route
-    body: CreateResponseBody
-    store: bool
 
 
 class Gateway:
@@ -53,12 +49,26 @@ class Gateway:
         self.open_compaction = open_compaction
         self.fit_context = fit_context
 
-    def route(self, model: str | None, principal: Principal) -> Route:
-        if not model:
-            raise InvalidRequest(
-                "Missing required parameter: 'model'.", param="model", code="missing_required_parameter"
-            )
+    def route(self, model: str, principal: Principal) -> Route:
         return self.router.resolve(model, principal.models)
+
+    async def context(
+        self,
+        input_: str | list[Any] | None,
+        previous_response_id: str | None,
+        principal: Principal,
+        cache: ConnectionCache | None = None,
+    ) -> Context:
+        """The assembled context of a request (its chain, references and opened compaction items)."""
+        return await build_context(
+            input_=input_,
+            previous_response_id=previous_response_id,
+            tenant=principal.tenant,
+            store=self.store,
+            cache=cache,
+            open_compaction=self.open_compaction,
+            max_depth=self.settings.state.max_chain_depth,
+        )
 
     async def prepare(
         self,
@@ -66,84 +76,55 @@ class Gateway:
         principal: Principal,
         *,
         cache: ConnectionCache | None = None,
-        on_done: Callable[[TurnResult], None] | None = None,
         streaming: bool = True,
-    ) -> Prepared:
-        """Resolve the route and context of one turn. ``streaming``: the caller relays deltas as
-        they come (SSE, WebSocket); False lets the adapter ask for an unstreamed reply."""
+        error_event: bool = True,
+        request_id: str | None = None,
+    ) -> Turn:
+        """The turn of a validated request (``gateway/engine/validate.py``). ``streaming``: the
+        caller relays deltas as they come (SSE, WebSocket); False lets the adapter ask for an
+        unstreamed reply. ``error_event``: see ``ResponseBuilder``."""
+        assert body.model is not None  # validate.create_request requires it
         route = self.route(body.model, principal)
         store = True if body.store is None else body.store
-        ctx = await build_context(
-            input_=body.input,
-            previous_response_id=body.previous_response_id,
-            tenant=principal.tenant,
-            store=self.store,
-            cache=cache,
-            open_compaction=self.open_compaction,
-            max_depth=self.settings.state.max_chain_depth,
-        )
+        ctx = await self.context(body.input, body.previous_response_id, principal, cache)
+        echoes = Echoes.of(body)
         if self.fit_context is not None:
             # instructions and tool schemas take room in the window too
-            reserved = (len(body.instructions or "") + len(orjson.dumps(tools_echo(body)))) // 4
+            reserved = (len(body.instructions or "") + len(orjson.dumps(echoes.tools))) // 4
             ctx = self.fit_context(ctx, route, body.truncation or "disabled", reserved=reserved)
         rid = response_id()
-        resource = new_resource(body, response_id=rid, model=route.model, store=store)
-        stored = None
+        resource = new_resource(body, response_id=rid, model=route.model, store=store, echoes=echoes)
+        turn = Turn(
+            request=upstream_request(body, echoes, route.upstream_model, ctx, stream=streaming),
+            route=route,
+            context=ctx,
+            resource=resource,
+            max_events=self.settings.limits.max_events_per_stream,
+            error_event=error_event,
+            request_id=request_id,
+        )
         if store:
             stored = StoredResponse(
                 id=rid,
                 tenant=principal.tenant,
                 model=route.model,
                 previous_response_id=body.previous_response_id,
-                input_items=ctx.new_items if ctx.stored_items is None else ctx.stored_items,
+                input_items=ctx.input_items,
                 resource=resource,
                 created_at=resource["created_at"],
                 stored_at=time.time(),
             )
-        turn = Turn(
-            request=upstream_request(body, route, ctx, stream=streaming),
-            route=route,
-            router=self.router,
-            resource=resource,
-            store=self.store,
-            stored=stored,
-            max_events=self.settings.limits.max_events_per_stream,
-            on_done=on_done,
-        )
-        return Prepared(turn=turn, context=ctx, route=route, body=body, store=store)
+            turn.on_end(self._store_hook(stored))
+        return turn
+
+    def _store_hook(self, stored: StoredResponse) -> Callable[[TurnResult], Awaitable[None]]:
+        async def keep(result: TurnResult) -> None:
+            if result.ended:
+                stored.resource = result.resource
+                await self.store.put(stored)
+
+        return keep
 
     async def aclose(self) -> None:
         await self.router.aclose()
         await self.store.aclose()
-
-
-def upstream_request(
-    body: CreateResponseBody, route: Route, ctx: Context, *, stream: bool = True
-) -> UpstreamRequest:
-    fmt: dict[str, Any] | None = text_echo(body)["format"]
-    if fmt is not None and fmt.get("type") == "text":
-        fmt = None
-    return UpstreamRequest(
-        model=route.upstream_model,
-        items=ctx.transcript,
-        instructions=body.instructions,
-        tools=tools_echo(body),
-        tool_choice=tool_choice_echo(body),
-        max_output_tokens=body.max_output_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty,
-        parallel_tool_calls=body.parallel_tool_calls,
-        text_format=fmt,
-        verbosity=body.text.verbosity if body.text is not None else None,
-        reasoning=body.reasoning.model_dump(exclude_none=True) if body.reasoning else None,
-        max_tool_calls=body.max_tool_calls,
-        top_logprobs=body.top_logprobs,
-        service_tier=body.service_tier,
-        safety_identifier=body.safety_identifier,
-        prompt_cache_key=body.prompt_cache_key,
-        metadata=body.metadata,
-        include=list(body.include or ()),
-        stream=stream,
-    )

@@ -1,9 +1,12 @@
-"""The ResponseResource a request starts with: every one of the 31 required fields, echoing the
-effective values (defaults of §15.6 where the client sent none)."""
+"""A create request read once into its echoes (the effective tools, tool_choice and text settings),
+and the ResponseResource a turn starts with: every one of the 31 required fields, echoing the
+effective values (the spec's defaults where the client sent none). The upstream request is derived
+from the same echoes (``gateway/engine/upstream.py``)."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.kernel.spec.request import CreateResponseBody, ToolChoiceAllowed, ToolChoiceFunction
@@ -62,7 +65,24 @@ def text_echo(body: CreateResponseBody) -> dict[str, Any]:
     return out
 
 
-def new_resource(body: CreateResponseBody, *, response_id: str, model: str, store: bool) -> dict[str, Any]:
+@dataclass(slots=True, frozen=True)
+class Echoes:
+    """The normalized forms both the resource and the upstream request are made from."""
+
+    tools: list[dict[str, Any]]
+    tool_choice: str | dict[str, Any]
+    text: dict[str, Any]
+
+    @classmethod
+    def of(cls, body: CreateResponseBody) -> Echoes:
+        return cls(tools=tools_echo(body), tool_choice=tool_choice_echo(body), text=text_echo(body))
+
+
+def new_resource(
+    body: CreateResponseBody, *, response_id: str, model: str, store: bool, echoes: Echoes | None = None
+) -> dict[str, Any]:
+    if echoes is None:
+        echoes = Echoes.of(body)
     reasoning = body.reasoning
     return {
         "id": response_id,
@@ -76,11 +96,11 @@ def new_resource(body: CreateResponseBody, *, response_id: str, model: str, stor
         "instructions": body.instructions,
         "output": [],
         "error": None,
-        "tools": tools_echo(body),
-        "tool_choice": tool_choice_echo(body),
+        "tools": echoes.tools,
+        "tool_choice": echoes.tool_choice,
         "truncation": body.truncation or "disabled",
         "parallel_tool_calls": True if body.parallel_tool_calls is None else body.parallel_tool_calls,
-        "text": text_echo(body),
+        "text": echoes.text,
         "top_p": 1.0 if body.top_p is None else body.top_p,
         "temperature": 1.0 if body.temperature is None else body.temperature,
         "presence_penalty": 0.0 if body.presence_penalty is None else body.presence_penalty,

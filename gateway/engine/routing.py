@@ -1,4 +1,5 @@
-"""Model name → route (adapter, upstream model name, context window, fallbacks)."""
+"""Model name → route: the adapter, the upstream model name, the context window, the retry policy,
+and the fallback routes already resolved, so a turn needs nothing but its route."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ from dataclasses import dataclass, field
 
 from adapters.base import Adapter
 from adapters.registry import create_adapter
-from gateway.kernel.errors import ModelNotFound
-from gateway.kernel.settings import ModelRoute, ProviderSettings, Settings
+from gateway.kernel.errors import GatewayError, ModelNotFound
+from gateway.kernel.settings import ModelRoute, ProviderSettings, RetrySettings, Settings
 
 DEFAULT_CONTEXT_WINDOW = 128_000
+_NO_RETRY = RetrySettings(attempts=0)
 
 
 @dataclass(slots=True, frozen=True)
@@ -19,7 +21,8 @@ class Route:
     adapter: Adapter
     upstream_model: str
     context_window: int = DEFAULT_CONTEXT_WINDOW
-    fallbacks: tuple[str, ...] = field(default=())
+    retry: RetrySettings = field(default_factory=lambda: _NO_RETRY)
+    fallbacks: tuple[Route, ...] = field(default=())  # tried in order when this one is exhausted
 
 
 class Router:
@@ -31,8 +34,31 @@ class Router:
             self.routes["mock"] = ModelRoute(provider="mock", upstream_model="mock")
 
     def resolve(self, model: str, allowed: list[str] | None = None) -> Route:
+        """The route for ``model`` (``allowed``: the caller's model allow-list), its fallbacks
+        resolved one level deep; a fallback that does not resolve is left out."""
         if allowed is not None and model not in allowed:
             raise ModelNotFound(model)
+        route = self._route(model)
+        cfg = self.routes.get(model)
+        if cfg is None or not cfg.fallbacks:
+            return route
+        fallbacks = []
+        for name in cfg.fallbacks:
+            try:
+                fallbacks.append(self._route(name))
+            except GatewayError:
+                continue
+        return Route(
+            model=route.model,
+            provider=route.provider,
+            adapter=route.adapter,
+            upstream_model=route.upstream_model,
+            context_window=route.context_window,
+            retry=route.retry,
+            fallbacks=tuple(fallbacks),
+        )
+
+    def _route(self, model: str) -> Route:
         cfg = self.routes.get(model)
         if cfg is not None:
             return Route(
@@ -41,13 +67,17 @@ class Router:
                 adapter=self.adapters[cfg.provider],
                 upstream_model=cfg.upstream_model or model,
                 context_window=cfg.context_window,
-                fallbacks=tuple(cfg.fallbacks),
+                retry=self.providers[cfg.provider].retry,
             )
         provider, sep, upstream = model.partition("/")
         p = self.providers.get(provider)
         if sep and upstream and p is not None and p.pass_through and p.kind != "mock":
             return Route(
-                model=model, provider=provider, adapter=self.adapters[provider], upstream_model=upstream
+                model=model,
+                provider=provider,
+                adapter=self.adapters[provider],
+                upstream_model=upstream,
+                retry=p.retry,
             )
         raise ModelNotFound(model)
 

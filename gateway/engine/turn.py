@@ -1,17 +1,30 @@
-"""One turn: upstream request → adapter deltas → ResponseBuilder events, transport-agnostic.
+"""The one turn runner, for every transport: open → events → drain → the end-of-turn hooks.
 
-``Turn.open()`` starts the upstream call and waits for its first delta, retrying and falling back
-(on retryable failures, before any output) so that failures before the first event surface as
-ordinary errors. ``Turn.events()`` then yields spec events to the end, persisting a ``store: true``
-response before its terminal event is sent. Allowed-tools enforcement lives here, once.
+``Turn.run(emit)`` opens the upstream call and waits for its first delta, retrying and falling
+back along the route (on retryable failures, before any output), so that a failure before the first
+event raises an ordinary ``GatewayError`` and nothing was emitted. Otherwise every spec event goes
+to ``emit`` (SSE frames, WebSocket messages; nothing for a JSON answer, which reads the result),
+ending with exactly one terminal event.
+
+The end-of-turn hooks run exactly once per turn, whatever its outcome (completed, incomplete,
+failed before or after its first event, cancelled because the client left), in the order they
+were added, with the ``TurnResult``. When the turn reached a terminal state they run before its
+terminal event is emitted, so a hook that cannot keep its promise (the store write) may raise a
+``GatewayError``: the terminal event becomes ``response.failed`` and the later hooks see the
+failure. The log line, metrics, the store write and the WebSocket cache hang here.
+
+Allowed-tools enforcement lives here, once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import inspect
 import random
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -19,38 +32,47 @@ import structlog
 from adapters.base import UpstreamRequest
 from adapters.deltas import Delta, Finish, ToolCallArgsDelta, ToolCallStart
 from gateway.engine.builder import ResponseBuilder
-from gateway.engine.routing import Route, Router
+from gateway.engine.context import Context
+from gateway.engine.routing import Route
 from gateway.kernel.errors import GatewayError, ServerError, UpstreamError
 from gateway.kernel.settings import RetrySettings
-from state.base import ResponseStore, StoredResponse
+from gateway.kernel.tool_choice import parse_tool_choice
 
 log = structlog.get_logger("gateway.engine.turn")
 Event = dict[str, Any]
+Emit = Callable[[Event], Awaitable[None]]
+
+_ENDED = frozenset({"completed", "incomplete"})
 
 
 @dataclass(slots=True)
 class TurnResult:
-    """What a finished turn leaves for the caller (logs, the WebSocket cache)."""
+    """What a turn leaves: its final status (completed | incomplete | failed | cancelled), the
+    provider that answered, usage, the final ResponseResource, and the error it failed with.
+    ``started``: its first event was produced (False: it failed while opening)."""
 
+    route: Route
+    context: Context
+    resource: dict[str, Any]
+    request_id: str | None = None
     status: str = "in_progress"
     provider: str = ""
     usage: dict[str, Any] | None = None
     error: GatewayError | None = None
-    output: list[dict[str, Any]] = field(default_factory=list)
+    started: bool = False
+
+    @property
+    def ended(self) -> bool:
+        """The response completed or came back incomplete: it exists and may be kept."""
+        return self.status in _ENDED
+
+    @property
+    def output(self) -> list[dict[str, Any]]:
+        output: list[dict[str, Any]] = self.resource["output"]
+        return output
 
 
-def allowed_tool_names(tool_choice: Any, tools: list[dict[str, Any]]) -> set[str] | None:
-    """Names a call may use; None means any offered tool."""
-    if tool_choice == "none":
-        return set()
-    if isinstance(tool_choice, dict):
-        if tool_choice.get("type") == "allowed_tools":
-            if tool_choice.get("mode") == "none":
-                return set()
-            return {t["name"] for t in tool_choice.get("tools", [])}
-        if tool_choice.get("type") == "function":
-            return {tool_choice["name"]}
-    return {t["name"] for t in tools}
+TurnHook = Callable[[TurnResult], Awaitable[None] | None]
 
 
 def _backoff(attempt: int, retry: RetrySettings, retry_after: float | None) -> float:
@@ -60,46 +82,126 @@ def _backoff(attempt: int, retry: RetrySettings, retry_after: float | None) -> f
 
 
 class Turn:
+    """One response in the making. Made by ``Gateway.prepare``; run once."""
+
+    __slots__ = (
+        "_allowed",
+        "_dropped",
+        "_first",
+        "_hooks",
+        "_hooks_done",
+        "_stream",
+        "builder",
+        "max_events",
+        "request",
+        "result",
+    )
+
     def __init__(
         self,
         *,
         request: UpstreamRequest,
         route: Route,
-        router: Router,
+        context: Context,
         resource: dict[str, Any],
-        store: ResponseStore,
-        stored: StoredResponse | None,
         max_events: int,
-        on_done: Callable[[TurnResult], None] | None = None,
+        error_event: bool = True,
+        request_id: str | None = None,
     ) -> None:
         self.request = request
-        self.route = route
-        self.router = router
-        self.builder = ResponseBuilder(resource)
-        self.store = store
-        self.stored = stored  # filled in and persisted at the end when store=true
+        self.builder = ResponseBuilder(resource, error_event=error_event)
         self.max_events = max_events
-        self.result = TurnResult(provider=route.provider)
+        self.result = TurnResult(
+            route=route, context=context, resource=resource, request_id=request_id, provider=route.provider
+        )
         self._stream: AsyncIterator[Delta] | None = None
         self._first: Delta | None = None
-        self._allowed = allowed_tool_names(request.tool_choice, request.tools)
+        self._allowed = parse_tool_choice(request.tool_choice).permitted(request.tools)
         self._dropped: set[int | str] = set()
-        self._on_done = on_done
+        self._hooks: list[TurnHook] = []
+        self._hooks_done = False
+
+    @property
+    def route(self) -> Route:
+        return self.result.route
+
+    def on_end(self, hook: TurnHook) -> None:
+        """Run ``hook`` at the end of the turn (see the module docstring)."""
+        self._hooks.append(hook)
+
+    # -- the runner ------------------------------------------------------------------------------
+    async def run(
+        self, emit: Emit | None = None, *, opened: Callable[[], Awaitable[None]] | None = None
+    ) -> TurnResult:
+        """Open, then relay every event to ``emit``; ``opened`` is awaited once the upstream has
+        answered, before the first event (an SSE response sends its headers there). Raises the
+        ``GatewayError`` of a turn that fails before its first event; otherwise returns the result."""
+        try:
+            try:
+                await self._open()
+            except GatewayError as exc:
+                self.result.error = exc
+                self.result.status = "failed"
+                await self._end()
+                raise
+            if opened is not None:
+                await opened()
+            async with aclosing(self._events()) as events:
+                if emit is None:
+                    async for _ in events:
+                        pass
+                else:
+                    async for event in events:
+                        await emit(event)
+            return self.result
+        finally:
+            await self._close()
+            if not self._hooks_done:  # cancelled: the client left, or the gateway is shutting down
+                res = self.result
+                status = self.builder.resource["status"]
+                res.status = "cancelled" if status == "in_progress" else status
+                res.usage = self.builder.resource.get("usage")
+                await self._end()
+
+    async def _end(self, revoke: Callable[[GatewayError], None] | None = None) -> None:
+        """The end-of-turn hooks, once, in order. ``revoke``: how a hook's GatewayError turns the
+        unsent terminal event into a failure (only a completed or incomplete turn has one)."""
+        if self._hooks_done:
+            return
+        self._hooks_done = True
+        cancelled = False
+        for hook in self._hooks:
+            try:
+                pending = hook(self.result)
+                if inspect.isawaitable(pending):
+                    await pending
+            except GatewayError as exc:
+                if revoke is None:
+                    log.warning("turn_hook_failed", code=exc.code, request_id=self.result.request_id)
+                    continue
+                revoke(exc)
+                revoke = None
+            except asyncio.CancelledError:
+                # Cancelled mid-hook (the client left while the response was being stored): the
+                # later hooks (the log line) still run, then the cancellation goes on.
+                cancelled = True
+                self.result.status = "cancelled"
+                revoke = None
+            except Exception:
+                log.exception("turn_hook_failed", request_id=self.result.request_id)
+        if cancelled:
+            raise asyncio.CancelledError
 
     # -- opening, with retries and fallbacks ------------------------------------------------------
-    async def open(self) -> None:
-        routes = [self.route]
-        for name in self.route.fallbacks:
-            try:
-                routes.append(self.router.resolve(name))
-            except GatewayError:
-                continue
+    async def _open(self) -> None:
+        primary = self.result.route
         last: UpstreamError | None = None
-        for route in routes:
-            settings = self.router.providers[route.provider]
-            for attempt in range(settings.retry.attempts + 1):
-                self.request.model = route.upstream_model
-                stream = route.adapter.stream(self.request)
+        for route in (primary, *primary.fallbacks):
+            request = self.request
+            if request.model != route.upstream_model:
+                request = dataclasses.replace(request, model=route.upstream_model)
+            for attempt in range(route.retry.attempts + 1):
+                stream = route.adapter.stream(request)
                 try:
                     self._first = await anext(stream)
                 except StopAsyncIteration:
@@ -109,6 +211,7 @@ class Turn:
                     last = exc
                     log.warning(
                         "upstream_failed",
+                        request_id=self.result.request_id,
                         provider=route.provider,
                         attempt=attempt + 1,
                         code=exc.code,
@@ -117,90 +220,95 @@ class Turn:
                     )
                     if not exc.retryable:
                         raise
-                    if attempt < settings.retry.attempts:
-                        await asyncio.sleep(_backoff(attempt, settings.retry, exc.retry_after))
+                    if attempt < route.retry.attempts:
+                        await asyncio.sleep(_backoff(attempt, route.retry, exc.retry_after))
                     continue
                 except BaseException:
                     await _close(stream)
                     raise
                 self._stream = stream
-                if route is not self.route:
-                    log.info("fallback_used", model=self.route.model, fallback=route.model)
+                if route is not primary:
+                    log.info(
+                        "fallback_used",
+                        request_id=self.result.request_id,
+                        model=primary.model,
+                        fallback=route.model,
+                    )
                 self.result.provider = route.provider
                 return
-            log.warning("route_exhausted", model=route.model, provider=route.provider)
+            log.warning(
+                "route_exhausted",
+                request_id=self.result.request_id,
+                model=route.model,
+                provider=route.provider,
+            )
         assert last is not None
         raise last
 
     # -- streaming -------------------------------------------------------------------------------
-    async def events(self) -> AsyncIterator[Event]:
-        """Every event of the response, ending with exactly one terminal event."""
+    async def _events(self) -> AsyncGenerator[Event, None]:
+        """Every event of the response, ending with exactly one terminal event; the end-of-turn
+        hooks run between the terminal state and the terminal event."""
         b = self.builder
+        res = self.result
+        res.started = True
         count = 0
+        for ev in b.start():
+            yield ev
         try:
-            for ev in b.start():
-                yield ev
-            try:
-                if self._first is not None:
-                    for ev in self._feed(self._first):
+            if self._first is not None:
+                first, self._first = self._first, None
+                for ev in self._feed(first):
+                    yield ev
+                    count += 1
+            if self._stream is not None:
+                async for delta in self._stream:
+                    for ev in self._feed(delta):
                         yield ev
                         count += 1
-                    self._first = None
-                if self._stream is not None:
-                    async for delta in self._stream:
-                        for ev in self._feed(delta):
-                            yield ev
-                            count += 1
-                        if count > self.max_events:
-                            raise UpstreamError(
-                                "The response exceeded the gateway's event limit.",
-                                code="event_limit_exceeded",
-                            )
-                terminal = b.finish()
-            except GatewayError as exc:
-                log.warning("turn_failed", code=exc.code, provider=self.result.provider)
-                terminal = b.fail(exc)
-                self.result.error = exc
-            except Exception as exc:  # an adapter bug must still end the stream cleanly
-                log.exception("turn_crashed", provider=self.result.provider)
-                err = ServerError("The gateway failed while producing this response.")
-                terminal = b.fail(err)
-                self.result.error = err
-                del exc
-            if self.stored is not None and self.result.error is None:
-                try:
-                    self.stored.resource = b.resource
-                    await self.store.put(self.stored)
-                except GatewayError as exc:
-                    # The answer exists but cannot be kept: fail rather than hand out a dangling id.
-                    terminal[-1:] = b.revoke(exc)
-                    self.result.error = exc
-            for ev in terminal:
-                yield ev
-        finally:
-            await self.close()
-            status = b.resource["status"]
-            self.result.status = "cancelled" if status == "in_progress" else status  # the client left
-            self.result.usage = b.resource.get("usage")
-            self.result.output = b.resource["output"]
-            if self._on_done is not None:
-                self._on_done(self.result)
+                    if count > self.max_events:
+                        raise UpstreamError(
+                            "The response exceeded the gateway's event limit.",
+                            code="event_limit_exceeded",
+                        )
+            terminal = b.finish()
+        except GatewayError as exc:
+            log.warning("turn_failed", request_id=res.request_id, code=exc.code, provider=res.provider)
+            terminal = b.fail(exc)
+            res.error = exc
+        except Exception:  # an adapter bug must still end the stream cleanly
+            log.exception("turn_crashed", request_id=res.request_id, provider=res.provider)
+            err = ServerError("The gateway failed while producing this response.")
+            terminal = b.fail(err)
+            res.error = err
+        res.status = b.resource["status"]
+        res.usage = b.resource.get("usage")
+
+        def revoke(exc: GatewayError) -> None:
+            # A promise the turn cannot keep (it could not be stored): fail rather than hand out
+            # a dangling id. The remaining hooks then see the failure.
+            terminal[-1:] = b.revoke(exc)
+            res.error = exc
+            res.status = "failed"
+
+        await self._end(revoke if res.ended else None)
+        for ev in terminal:
+            yield ev
 
     def _feed(self, delta: Delta) -> list[Event]:
-        kind = type(delta)
-        if kind is ToolCallStart:
-            if self._allowed is not None and delta.name not in self._allowed:  # type: ignore[union-attr]
-                self._dropped.add(delta.key)  # type: ignore[union-attr]
-                log.warning("disallowed_tool_call_dropped", provider=self.result.provider)
+        match delta:
+            case ToolCallStart(key=key, name=name):
+                if name not in self._allowed:
+                    self._dropped.add(key)
+                    log.warning("disallowed_tool_call_dropped", provider=self.result.provider)
+                    return []
+            case ToolCallArgsDelta(key=key) if key in self._dropped:
                 return []
-        elif kind is ToolCallArgsDelta:
-            if delta.key in self._dropped:  # type: ignore[union-attr]
-                return []
-        elif kind is Finish and self._dropped and delta.reason == "tool_calls":  # type: ignore[union-attr]
-            delta = Finish("stop")
+            case Finish(reason="tool_calls") if self._dropped:
+                delta = Finish("stop")
         return self.builder.feed(delta)
 
-    async def close(self) -> None:
+    async def _close(self) -> None:
         if self._stream is not None:
             stream, self._stream = self._stream, None
             await _close(stream)

@@ -1,4 +1,6 @@
-"""Parse request bytes into wire models, turning pydantic errors into one 400 with a ``param`` path."""
+"""The one validation entry for requests: JSON bytes or a decoded frame → a wire model, every failure
+one 400 with a ``param`` path. HTTP and the WebSocket both call ``create_request``; compaction calls
+``compact_request``; context assembly calls ``check_call_ids`` once the history is known."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 from gateway.kernel.errors import InvalidRequest
-from gateway.kernel.spec.request import ITEM_TAGS, PART_TAGS
+from gateway.kernel.items import call_ids
+from gateway.kernel.spec.request import ITEM_TAGS, PART_TAGS, CompactRequestBody, CreateResponseBody
 
 M = TypeVar("M", bound=BaseModel)
 _TYPE_WORDS = frozenset({"str", "int", "float", "bool", "none", "dict", "list", "is-instance"})
@@ -86,3 +89,68 @@ def parse_model(model: type[M], data: Any, *, max_elements: int | None = None) -
         param, msg = _best_error(exc)
         code = "missing_required_parameter" if "Missing required" in msg else "invalid_value"
         raise InvalidRequest(msg, param=param or None, code=code) from None
+
+
+def _require_model(model: str | None) -> None:
+    if not model:
+        raise InvalidRequest(
+            "Missing required parameter: 'model'.", param="model", code="missing_required_parameter"
+        )
+
+
+def create_request(data: Any, *, max_elements: int) -> CreateResponseBody:
+    """A ``POST /v1/responses`` body or a WebSocket ``response.create`` (its envelope keys already
+    removed) validated: the input-element limit, the wire model, a model named, no background."""
+    body = parse_model(CreateResponseBody, data, max_elements=max_elements)
+    if body.background:
+        raise InvalidRequest(
+            "Background responses are not supported.", param="background", code="unsupported_parameter"
+        )
+    _require_model(body.model)
+    return body
+
+
+def compact_request(data: Any, *, max_elements: int) -> CompactRequestBody:
+    """A ``POST /v1/responses/compact`` body validated."""
+    body = parse_model(CompactRequestBody, data, max_elements=max_elements)
+    _require_model(body.model)
+    return body
+
+
+def check_call_ids(
+    history: list[dict[str, Any]],
+    new_items: list[dict[str, Any]],
+    history_calls: frozenset[str] | None = None,
+) -> frozenset[str]:
+    """Every function_call_output must answer an earlier function_call; call ids are unique.
+    Returns the call ids of history and new items (``history_calls``: the history's, if known)."""
+    known = call_ids(history) if history_calls is None else history_calls
+    calls: set[str] = set()  # the new items' own
+
+    for index, item in enumerate(new_items):
+        kind = item.get("type")
+        if kind == "function_call":
+            if (item["call_id"] in known or item["call_id"] in calls) and not _same_call(history, item):
+                raise InvalidRequest(
+                    f"Duplicate function call id '{item['call_id']}'.",
+                    param=f"input[{index}].call_id",
+                    code="duplicate_call_id",
+                )
+            calls.add(item["call_id"])
+        elif kind == "function_call_output" and item["call_id"] not in calls and item["call_id"] not in known:
+            raise InvalidRequest(
+                f"No tool call found for function call output with call_id '{item['call_id']}'.",
+                param=f"input[{index}].call_id",
+                code="invalid_function_call_output",
+            )
+    return known | calls if calls else known
+
+
+def _same_call(history: list[dict[str, Any]], item: dict[str, Any]) -> bool:
+    # A client replaying history may resend the very call it got back (same item id).
+    return any(
+        h.get("type") == "function_call"
+        and h.get("id") == item.get("id")
+        and h.get("call_id") == item["call_id"]
+        for h in history
+    )

@@ -125,3 +125,8 @@ def output_as_input(item: dict[str, Any]) -> dict[str, Any]:
             out["encrypted_content"] = item["encrypted_content"]
         return out
     return item
+
+
+def call_ids(items: list[dict[str, Any]]) -> frozenset[str]:
+    """The call ids of the function calls among ``items``."""
+    return frozenset(i["call_id"] for i in items if i.get("type") == "function_call")

@@ -27,7 +27,7 @@ class ToolChoice(NamedTuple):
             return frozenset({self.name})
         if self.allowed is not None:
             return self.allowed
-        return frozenset(t.get("name") for t in tools if t.get("name"))
+        return frozenset(name for t in tools if isinstance(name := t.get("name"), str))
 
 
 def parse_tool_choice(tool_choice: str | dict[str, Any] | None) -> ToolChoice:
@@ -36,7 +36,9 @@ def parse_tool_choice(tool_choice: str | dict[str, Any] | None) -> ToolChoice:
         if kind == "function":
             return ToolChoice("required", tool_choice["name"])
         if kind == "allowed_tools":
-            allowed = frozenset(t.get("name") for t in tool_choice.get("tools") or [] if t.get("name"))
+            allowed = frozenset(
+                name for t in tool_choice.get("tools") or [] if isinstance(name := t.get("name"), str)
+            )
             return ToolChoice(tool_choice.get("mode") or "auto", None, allowed)
         return ToolChoice("auto")
     return ToolChoice(tool_choice or "auto")

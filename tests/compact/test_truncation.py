@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from adapters.mock.adapter import MockAdapter
 from compact.truncation import fit_context
-from gateway.engine.context import Context, check_call_ids
+from gateway.engine.context import Context
 from gateway.engine.routing import Route
+from gateway.engine.validate import check_call_ids
 from gateway.kernel.errors import ContextLengthExceeded
 from gateway.kernel.estimate import (
     FILE_TOKENS,

@@ -1,0 +1,43 @@
+"""The provider-neutral UpstreamRequest of a turn, derived from the request's echoes and its
+assembled context (never from the raw body twice)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adapters.base import UpstreamRequest
+from gateway.engine.context import Context
+from gateway.engine.resource import Echoes
+from gateway.kernel.spec.request import CreateResponseBody
+
+
+def upstream_request(
+    body: CreateResponseBody, echoes: Echoes, model: str, ctx: Context, *, stream: bool = True
+) -> UpstreamRequest:
+    fmt: dict[str, Any] | None = echoes.text["format"]
+    if fmt is not None and fmt.get("type") == "text":
+        fmt = None
+    return UpstreamRequest(
+        model=model,
+        items=ctx.transcript,
+        instructions=body.instructions,
+        tools=echoes.tools,
+        tool_choice=echoes.tool_choice,
+        max_output_tokens=body.max_output_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        parallel_tool_calls=body.parallel_tool_calls,
+        text_format=fmt,
+        verbosity=echoes.text.get("verbosity"),
+        reasoning=body.reasoning.model_dump(exclude_none=True) if body.reasoning else None,
+        max_tool_calls=body.max_tool_calls,
+        top_logprobs=body.top_logprobs,
+        service_tier=body.service_tier,
+        safety_identifier=body.safety_identifier,
+        prompt_cache_key=body.prompt_cache_key,
+        metadata=body.metadata,
+        include=list(body.include or ()),
+        stream=stream,
+    )
