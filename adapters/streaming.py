@@ -13,7 +13,7 @@ import orjson
 
 from adapters.base import UpstreamRequest
 from adapters.deltas import Delta
-from adapters.http import UpstreamClient, create_client, open_stream
+from adapters.transport import UpstreamClient, open_stream
 from gateway.kernel.errors import UpstreamError
 from gateway.kernel.settings import ProviderSettings
 
@@ -53,7 +53,7 @@ class HTTPStreamAdapter(Generic[T]):
 
     def __init__(self, settings: ProviderSettings, *, client: UpstreamClient | None = None) -> None:
         self.settings = settings
-        self._client = client if client is not None else create_client(settings)
+        self._client = client if client is not None else UpstreamClient(settings)
         self._owns_client = client is None
         self._base = settings.resolved_base_url()
         self._url = self._base + self.path
