@@ -15,15 +15,10 @@ from typing import Any
 import orjson
 
 from adapters.base import UpstreamRequest
-from adapters.transcript import (
-    arguments_object,
-    assistant_texts,
-    function_tools,
-    parse_data_url,
-    parse_tool_choice,
-    unsupported_content,
-)
+from adapters.content import arguments_object, assistant_texts, parse_data_url, unsupported_content
+from adapters.tools import function_tools
 from gateway.kernel.errors import UpstreamRejected
+from gateway.kernel.tool_choice import parse_tool_choice
 
 __all__ = ["REDACTED_PREFIX", "build_body", "build_messages", "build_tools", "thinking_budget"]
 

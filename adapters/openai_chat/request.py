@@ -10,8 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from adapters.base import UpstreamRequest
-from adapters.transcript import function_tools, parse_tool_choice, unsupported_content
+from adapters.content import unsupported_content
+from adapters.tools import function_tools
 from gateway.kernel.errors import UpstreamRejected
+from gateway.kernel.tool_choice import parse_tool_choice
 
 __all__ = ["build_body", "build_messages", "build_tools"]
 
