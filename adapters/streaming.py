@@ -1,6 +1,7 @@
-"""The shell every HTTP provider adapter shares: the pooled client, the request headers, one
-streamed POST, and the loop that JSON-decodes each server-sent event into the provider's pure
-stream translator. A provider states only what differs: its URL, auth headers, body and translator.
+"""The shell every HTTP provider adapter shares: the pooled client, the request headers, one POST
+per generation, and the loop that JSON-decodes each server-sent event into the provider's pure
+stream translator (an unstreamed JSON reply goes to it whole). A provider states only what
+differs: its URL, auth headers, body and translator.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ T = TypeVar("T", bound=StreamTranslator)
 
 
 class HTTPStreamAdapter(Generic[T]):
-    """One streamed ``POST`` per generation; yields the translator's deltas.
+    """One ``POST`` per generation; yields the translator's deltas.
 
     ``client`` lets a caller share or inject an :class:`UpstreamClient`; by default the adapter owns
     one pooled client (closed by :meth:`aclose`). A subclass sets ``path`` (or overrides

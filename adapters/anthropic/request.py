@@ -29,7 +29,7 @@ _DOC_TYPES = {"application/pdf": "base64", "text/plain": "text"}
 
 
 def build_body(req: UpstreamRequest, *, default_max_tokens: int) -> dict[str, Any]:
-    """The streamed ``POST /v1/messages`` body for ``req``."""
+    """The ``POST /v1/messages`` body for ``req`` (streamed unless ``req.stream`` is False)."""
     system, messages = build_messages(req)
     max_tokens = req.max_output_tokens or default_max_tokens
     body: dict[str, Any] = {"model": req.model, "max_tokens": max_tokens, "messages": messages}

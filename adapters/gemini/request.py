@@ -40,7 +40,8 @@ def model_path(model: str) -> str:
 
 
 def build_body(req: UpstreamRequest) -> dict[str, Any]:
-    """The ``:streamGenerateContent`` body for ``req``."""
+    """The body for ``req``: the same for ``:streamGenerateContent`` and, when ``req.stream`` is
+    False, ``:generateContent`` (the URL alone says whether the reply streams)."""
     system, contents = build_contents(req)
     body: dict[str, Any] = {"contents": contents}
     if system:

@@ -22,7 +22,8 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"  # the include that asks for t
 
 
 def build_body(req: UpstreamRequest) -> dict[str, Any]:
-    """The streamed ``/chat/completions`` request body for ``req``."""
+    """The ``/chat/completions`` request body for ``req`` (streamed, with usage in the stream,
+    unless ``req.stream`` is False)."""
     body: dict[str, Any] = {"model": req.model, "messages": build_messages(req)}
     tools, tool_choice = build_tools(req.tools, req.tool_choice)
     if tools:
