@@ -7,9 +7,6 @@ with CRLF, LF or CR, as the WHATWG event-stream grammar allows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import orjson
 
 __all__ = ["SSEDecodeError", "SSEDecoder", "SSEEvent"]
 
@@ -31,10 +28,6 @@ class SSEEvent:
     event: str | None = None
     id: str | None = None
     retry: int | None = None
-
-    def json(self) -> Any:
-        """The data parsed as JSON (raises ``orjson.JSONDecodeError``, a ``ValueError``)."""
-        return orjson.loads(self.data)
 
 
 class SSEDecoder:

@@ -1,6 +1,7 @@
-"""The shell every HTTP provider adapter shares: the pooled client, the request headers, one
-streamed POST, and the loop that JSON-decodes each server-sent event into the provider's pure
-stream translator. A provider states only what differs: its URL, auth headers, body and translator.
+"""The shell every HTTP provider adapter shares: the pooled client, the request headers, one POST
+per generation, and the loop that JSON-decodes each server-sent event into the provider's pure
+stream translator (an unstreamed JSON reply goes to it whole). A provider states only what
+differs: its URL, auth headers, body and translator.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import orjson
 
 from adapters.base import UpstreamRequest
 from adapters.deltas import Delta
-from adapters.http import UpstreamClient, create_client, open_stream
+from adapters.transport import UpstreamClient, open_stream
 from gateway.kernel.errors import UpstreamError
 from gateway.kernel.settings import ProviderSettings
 
@@ -38,7 +39,7 @@ T = TypeVar("T", bound=StreamTranslator)
 
 
 class HTTPStreamAdapter(Generic[T]):
-    """One streamed ``POST`` per generation; yields the translator's deltas.
+    """One ``POST`` per generation; yields the translator's deltas.
 
     ``client`` lets a caller share or inject an :class:`UpstreamClient`; by default the adapter owns
     one pooled client (closed by :meth:`aclose`). A subclass sets ``path`` (or overrides
@@ -53,7 +54,7 @@ class HTTPStreamAdapter(Generic[T]):
 
     def __init__(self, settings: ProviderSettings, *, client: UpstreamClient | None = None) -> None:
         self.settings = settings
-        self._client = client if client is not None else create_client(settings)
+        self._client = client if client is not None else UpstreamClient(settings)
         self._owns_client = client is None
         self._base = settings.resolved_base_url()
         self._url = self._base + self.path

@@ -1,4 +1,5 @@
-"""The ``anthropic`` adapter: one streamed ``POST {base_url}/v1/messages`` per generation."""
+"""The ``anthropic`` adapter: one ``POST {base_url}/v1/messages`` per generation
+(streamed, or one unstreamed Messages reply when ``request.stream`` is False)."""
 
 from __future__ import annotations
 

@@ -15,15 +15,10 @@ from typing import Any
 import orjson
 
 from adapters.base import UpstreamRequest
-from adapters.transcript import (
-    arguments_object,
-    assistant_texts,
-    function_tools,
-    parse_data_url,
-    parse_tool_choice,
-    unsupported_content,
-)
+from adapters.content import arguments_object, assistant_texts, parse_data_url, unsupported_content
+from adapters.tools import function_tools
 from gateway.kernel.errors import UpstreamRejected
+from gateway.kernel.tool_choice import parse_tool_choice
 
 __all__ = ["REDACTED_PREFIX", "build_body", "build_messages", "build_tools", "thinking_budget"]
 
@@ -34,7 +29,7 @@ _DOC_TYPES = {"application/pdf": "base64", "text/plain": "text"}
 
 
 def build_body(req: UpstreamRequest, *, default_max_tokens: int) -> dict[str, Any]:
-    """The streamed ``POST /v1/messages`` body for ``req``."""
+    """The ``POST /v1/messages`` body for ``req`` (streamed unless ``req.stream`` is False)."""
     system, messages = build_messages(req)
     max_tokens = req.max_output_tokens or default_max_tokens
     body: dict[str, Any] = {"model": req.model, "max_tokens": max_tokens, "messages": messages}

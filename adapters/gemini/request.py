@@ -13,39 +13,15 @@ from typing import Any
 import orjson
 
 from adapters.base import UpstreamRequest
-from adapters.transcript import (
-    arguments_object,
-    assistant_texts,
-    function_tools,
-    parse_data_url,
-    parse_tool_choice,
-    unsupported_content,
-)
+from adapters.content import arguments_object, assistant_texts, parse_data_url, unsupported_content
+from adapters.gemini.schema import to_gemini_schema
+from adapters.tools import function_tools
 from gateway.kernel.errors import UpstreamRejected
+from gateway.kernel.tool_choice import parse_tool_choice
 
-__all__ = ["build_body", "build_contents", "build_tools", "model_path", "to_gemini_schema"]
+__all__ = ["build_body", "build_contents", "build_tools", "model_path"]
 
 _EFFORT_BUDGET = {"none": 0, "minimal": 0, "low": 1024, "medium": 8192, "high": 24576, "xhigh": 32768}
-_KEEP = frozenset(
-    {
-        "description",
-        "title",
-        "nullable",
-        "minItems",
-        "maxItems",
-        "minLength",
-        "maxLength",
-        "pattern",
-        "minimum",
-        "maximum",
-        "minProperties",
-        "maxProperties",
-        "default",
-        "example",
-        "propertyOrdering",
-    }
-)
-_FORMATS = {"STRING": {"enum", "date-time"}, "INTEGER": {"int32", "int64"}, "NUMBER": {"float", "double"}}
 _MIME_BY_EXT = {
     "png": "image/png",
     "jpg": "image/jpeg",
@@ -56,7 +32,6 @@ _MIME_BY_EXT = {
     "pdf": "application/pdf",
     "txt": "text/plain",
 }
-_MAX_DEPTH = 16
 
 
 def model_path(model: str) -> str:
@@ -65,7 +40,8 @@ def model_path(model: str) -> str:
 
 
 def build_body(req: UpstreamRequest) -> dict[str, Any]:
-    """The ``:streamGenerateContent`` body for ``req``."""
+    """The body for ``req``: the same for ``:streamGenerateContent`` and, when ``req.stream`` is
+    False, ``:generateContent`` (the URL alone says whether the reply streams)."""
     system, contents = build_contents(req)
     body: dict[str, Any] = {"contents": contents}
     if system:
@@ -256,85 +232,3 @@ def build_tools(req: UpstreamRequest) -> tuple[list[dict[str, Any]], dict[str, A
             config["allowedFunctionNames"] = [tc.name]
         return tools, config
     return tools, None
-
-
-def to_gemini_schema(schema: Any, root: dict[str, Any] | None = None, depth: int = 0) -> dict[str, Any]:
-    """A JSON schema → Gemini's OpenAPI-subset ``Schema``.
-
-    ``$ref`` to local ``$defs`` is inlined (bounded depth), type lists become ``nullable`` or
-    ``anyOf``, ``const`` becomes a one-value enum, non-string enums and unsupported keywords
-    (``additionalProperties``, ``$schema``, ``strict``, ``examples``...) are dropped.
-    """
-    if not isinstance(schema, dict) or depth > _MAX_DEPTH:
-        return {}
-    root = schema if root is None else root
-    ref = schema.get("$ref")
-    if isinstance(ref, str):
-        target = _resolve(ref, root)
-        merged = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
-        return to_gemini_schema(merged, root, depth + 1)
-    out: dict[str, Any] = {k: v for k, v in schema.items() if k in _KEEP}
-    for key in ("anyOf", "oneOf"):
-        if isinstance(schema.get(key), list):
-            variants = [v for v in schema[key] if not (isinstance(v, dict) and v.get("type") == "null")]
-            if len(variants) < len(schema[key]):
-                out["nullable"] = True
-            converted = [to_gemini_schema(v, root, depth + 1) for v in variants]
-            if len(converted) == 1:
-                out.update(converted[0])
-            elif converted:
-                out["anyOf"] = converted
-    if isinstance(schema.get("allOf"), list) and schema["allOf"]:
-        for sub in schema["allOf"]:
-            for k, v in to_gemini_schema(sub, root, depth + 1).items():
-                out.setdefault(k, v)
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        kinds = [k for k in kind if k != "null"]
-        if len(kinds) < len(kind):
-            out["nullable"] = True
-        if len(kinds) == 1:
-            kind = kinds[0]
-        elif kinds:
-            out["anyOf"] = [to_gemini_schema({**schema, "type": k}, root, depth + 1) for k in kinds]
-            kind = None
-        else:
-            kind = "null"
-    if "const" in schema and isinstance(schema["const"], str):
-        out["enum"] = [schema["const"]]
-        kind = kind or "string"
-    elif isinstance(schema.get("enum"), list):
-        values = [v for v in schema["enum"] if v is not None]
-        if values and all(isinstance(v, str) for v in values):
-            out["enum"] = values
-            kind = kind or "string"
-        if len(values) < len(schema["enum"]):
-            out["nullable"] = True
-    if kind is None and "properties" in schema:
-        kind = "object"
-    if isinstance(kind, str):
-        out["type"] = kind.upper()
-        fmt = schema.get("format")
-        if isinstance(fmt, str) and fmt in _FORMATS.get(out["type"], ()):
-            out["format"] = fmt
-    if isinstance(schema.get("properties"), dict) and schema["properties"]:
-        out["properties"] = {
-            name: to_gemini_schema(sub, root, depth + 1) for name, sub in schema["properties"].items()
-        }
-        required = [r for r in schema.get("required") or [] if r in out["properties"]]
-        if required:
-            out["required"] = required
-    if isinstance(schema.get("items"), dict):
-        out["items"] = to_gemini_schema(schema["items"], root, depth + 1)
-    return out
-
-
-def _resolve(ref: str, root: dict[str, Any]) -> dict[str, Any]:
-    if not ref.startswith("#/"):
-        return {}
-    node: Any = root
-    for key in ref[2:].split("/"):
-        if not isinstance(node, dict):
-            return {}
-        node = node.get(key.replace("~1", "/").replace("~0", "~"))
-    return node if isinstance(node, dict) else {}

@@ -25,7 +25,7 @@ from adapters.deltas import (
     ToolCallStart,
     Usage,
 )
-from adapters.http import error_code_from_body, map_stream_error
+from adapters.upstream_errors import error_code_from_body, map_stream_error
 from gateway.kernel.errors import UpstreamError
 
 __all__ = ["GeminiStreamTranslator", "stream_error"]

@@ -5,10 +5,11 @@ Behaviour, exactly:
    ``The tool returned: <output>`` (list outputs: their text parts joined).
 2. Otherwise, if tools are offered and ``tool_choice`` permits a call (not ``"none"``, and for
    ``allowed_tools`` not mode ``"none"``), it calls one function: the forced one
-   (``{"type":"function"}``), else the first allowed tool. Its arguments are a JSON object built
-   from the tool's ``parameters`` schema: each property gets its ``default``, else the first
-   ``enum`` value, else by type: string ``"example"``, integer ``1``, number ``1.5``, boolean
-   ``true``, array ``[]``, object (recursively), null ``null``.
+   (``{"type":"function"}``), else the first offered tool that ``allowed_tools`` names, else the
+   first offered tool (no call when none of the forced or allowed names is offered). Its arguments
+   are a JSON object built from the tool's ``parameters`` schema: each property gets its
+   ``default``, else the first ``enum`` value, else by type: string ``"example"``, integer ``1``,
+   number ``1.5``, boolean ``true``, array ``[]``, object (recursively), null ``null``.
 3. Otherwise it answers ``Hello! You said: <last user text>`` (``Hello!`` with no user text).
    With a ``json_schema``/``json_object`` text format it answers a JSON object built like (2).
 Text and arguments stream in pieces of ``chunk_chars`` characters (default 4); each piece counts
@@ -27,6 +28,7 @@ import orjson
 from adapters.base import UpstreamRequest
 from adapters.deltas import Delta, Finish, TextDelta, ToolCallArgsDelta, ToolCallStart, Usage
 from gateway.kernel.settings import ProviderSettings
+from gateway.kernel.tool_choice import parse_tool_choice
 
 
 def example_value(schema: Any, depth: int = 0) -> Any:
@@ -72,21 +74,13 @@ def _text_of(content: Any) -> str:
 def _chosen_tool(req: UpstreamRequest) -> dict[str, Any] | None:
     if not req.tools:
         return None
-    tc = req.tool_choice
-    if tc == "none":
+    choice = parse_tool_choice(req.tool_choice)
+    if choice.mode == "none":
         return None
-    by_name = {t["name"]: t for t in req.tools}
-    if isinstance(tc, dict):
-        if tc.get("type") == "function":
-            return by_name.get(tc.get("name", ""))
-        if tc.get("type") == "allowed_tools":
-            if tc.get("mode") == "none":
-                return None
-            for ref in tc.get("tools", []):
-                if ref.get("name") in by_name:
-                    return by_name[ref["name"]]
-            return None
-    return req.tools[0]
+    if choice.name is None and choice.allowed is None:
+        return req.tools[0]
+    permitted = choice.permitted(req.tools)
+    return next((t for t in req.tools if t["name"] in permitted), None)
 
 
 class MockAdapter:

@@ -1,4 +1,5 @@
-"""The ``openai-chat`` adapter: one streamed ``POST {base_url}/chat/completions`` per generation."""
+"""The ``openai-chat`` adapter: one ``POST {base_url}/chat/completions`` per generation
+(streamed, or one unstreamed completion when ``request.stream`` is False)."""
 
 from __future__ import annotations
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from adapters.base import UpstreamRequest
-from adapters.transcript import function_tools, parse_tool_choice, unsupported_content
+from adapters.content import unsupported_content
+from adapters.tools import function_tools
 from gateway.kernel.errors import UpstreamRejected
+from gateway.kernel.tool_choice import parse_tool_choice
 
 __all__ = ["build_body", "build_messages", "build_tools"]
 
@@ -20,7 +22,8 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"  # the include that asks for t
 
 
 def build_body(req: UpstreamRequest) -> dict[str, Any]:
-    """The streamed ``/chat/completions`` request body for ``req``."""
+    """The ``/chat/completions`` request body for ``req`` (streamed, with usage in the stream,
+    unless ``req.stream`` is False)."""
     body: dict[str, Any] = {"model": req.model, "messages": build_messages(req)}
     tools, tool_choice = build_tools(req.tools, req.tool_choice)
     if tools:

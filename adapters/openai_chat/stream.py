@@ -21,7 +21,7 @@ from adapters.deltas import (
     ToolCallStart,
     Usage,
 )
-from adapters.http import error_code_from_body
+from adapters.upstream_errors import error_code_from_body
 from gateway.kernel.errors import UpstreamError
 
 __all__ = ["ChatStreamTranslator"]

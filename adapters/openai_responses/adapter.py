@@ -1,4 +1,5 @@
-"""The ``openai-responses`` adapter: one streamed ``POST {base_url}/responses`` per generation."""
+"""The ``openai-responses`` adapter: one ``POST {base_url}/responses`` per generation
+(streamed, or one unstreamed response object when ``request.stream`` is False)."""
 
 from __future__ import annotations
 

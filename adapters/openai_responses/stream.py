@@ -24,8 +24,8 @@ from adapters.deltas import (
     ToolCallStart,
     Usage,
 )
-from adapters.http import error_code_from_body, map_stream_error
 from adapters.openai_responses.request import wrap_encrypted
+from adapters.upstream_errors import error_code_from_body, map_stream_error
 from gateway.kernel.errors import UpstreamError
 
 __all__ = ["ResponsesStreamTranslator", "stream_error", "usage_from"]

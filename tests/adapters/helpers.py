@@ -1,5 +1,6 @@
 """What the adapter tests share: normalized transcript items, running a stream translator or an
-adapter to the end, and the fixtures that serve a fake upstream."""
+adapter to the end, the fixtures that serve a fake upstream, and checking that an upstream error
+leaks nothing of the upstream's body, key or address."""
 
 from __future__ import annotations
 
@@ -7,12 +8,30 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
+import orjson
 import pytest
 
 from adapters.base import Adapter, UpstreamRequest
 from adapters.deltas import Delta, TextDelta
+from gateway.kernel.errors import UpstreamError
 
-__all__ = ["assistant", "call", "collector", "fake_fixtures", "output", "text_of", "translator_run", "user"]
+__all__ = [
+    "MARKER",
+    "SECRET",
+    "assert_clean",
+    "assistant",
+    "call",
+    "collector",
+    "fake_fixtures",
+    "openai_error",
+    "output",
+    "text_of",
+    "translator_run",
+    "user",
+]
+
+SECRET = "sk-live-SECRET-0123456789"  # an upstream key
+MARKER = "RAW-UPSTREAM-BODY-MARKER"  # text of an upstream error body
 
 
 def user(*texts: str) -> dict[str, Any]:
@@ -85,3 +104,15 @@ def fake_fixtures(fake_cls: Any) -> tuple[Any, Any]:
         return fake_server
 
     return fake_server, fake
+
+
+def openai_error(code: str | None, message: str = MARKER, type_: str = "invalid_request_error") -> bytes:
+    """An OpenAI-style error body."""
+    return orjson.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
+
+
+def assert_clean(err: UpstreamError) -> None:
+    """No rendering of ``err`` carries the upstream body, the key or the upstream's address."""
+    text = repr((str(err), err.message, err.error_object(), err.http_body(), err.stream_event(0)))
+    for bad in (MARKER, SECRET, "127.0.0.1", "http://"):
+        assert bad not in text

@@ -20,7 +20,8 @@ from adapters.deltas import (
     Usage,
 )
 from adapters.gemini import GeminiAdapter
-from adapters.gemini.request import build_body, build_contents, build_tools, model_path, to_gemini_schema
+from adapters.gemini.request import build_body, build_contents, build_tools, model_path
+from adapters.gemini.schema import to_gemini_schema
 from adapters.gemini.stream import GeminiStreamTranslator
 from gateway.kernel.errors import UpstreamError, UpstreamRateLimited, UpstreamRejected
 from gateway.kernel.settings import ProviderSettings

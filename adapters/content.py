@@ -1,5 +1,6 @@
-"""Rules for reading the normalized transcript that several request builders share: data URLs,
-call arguments as an object, assistant text, and which tools a ``tool_choice`` lets through.
+"""Reading the normalized transcript's content the way several request builders need it: data
+URLs, the error for a part a provider cannot take, an assistant message's texts, and a call's
+arguments as an object.
 """
 
 from __future__ import annotations
@@ -10,17 +11,8 @@ from typing import Any
 import orjson
 
 from gateway.kernel.errors import UpstreamRejected
-from gateway.kernel.tool_choice import ToolChoice, parse_tool_choice
 
-__all__ = [
-    "ToolChoice",
-    "arguments_object",
-    "assistant_texts",
-    "function_tools",
-    "parse_data_url",
-    "parse_tool_choice",
-    "unsupported_content",
-]
+__all__ = ["arguments_object", "assistant_texts", "parse_data_url", "unsupported_content"]
 
 
 def unsupported_content(kind: Any) -> UpstreamRejected:
@@ -54,13 +46,3 @@ def assistant_texts(content: Any) -> Iterator[str]:
         text = part.get("refusal") if part.get("type") == "refusal" else part.get("text")
         if text:
             yield text
-
-
-def function_tools(tools: list[dict[str, Any]], allowed: frozenset[str] | None) -> Iterator[dict[str, Any]]:
-    """The function tools to send: only the ``allowed`` ones when an allowed_tools choice names them."""
-    for tool in tools:
-        if tool.get("type", "function") != "function":
-            continue
-        if allowed is not None and tool.get("name") not in allowed:
-            continue
-        yield tool
