@@ -13,8 +13,15 @@ import pytest
 
 from tests.fakes.openai_chat import FakeOpenAIChat, Reply, smart_reply
 from tests.harness import ServedApp
-from tests.ws.conftest import serve
-from tests.ws.support import assert_clean_turn, assert_envelope, create, output_text, run_turn, ws_connect
+from tests.ws.helpers import (
+    assert_clean_turn,
+    assert_envelope,
+    create,
+    output_text,
+    run_turn,
+    serve,
+    ws_connect,
+)
 
 TOOL = {
     "type": "function",
