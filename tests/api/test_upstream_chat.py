@@ -12,8 +12,8 @@ import httpx
 import orjson
 import pytest
 
+from tests.api.helpers import parse_sse
 from tests.fakes.openai_chat import FakeOpenAIChat, Reply, fake_logprobs, smart_reply
-from tests.gateway.test_smoke import parse_sse
 from tests.harness import ServedApp, serve_gateway
 
 
