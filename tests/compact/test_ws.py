@@ -1,5 +1,7 @@
-"""A compacted window on the WebSocket transport: a new chain with ``store: false`` (NOTES §8.7),
-continued from the connection cache; a tampered item is a turn-scoped error that reaches no upstream."""
+"""A compacted window on the WebSocket transport. The window replaces the history, so a client
+sends it as the input of a turn without ``previous_response_id``: a new chain, which with
+``store: false`` lives only in the socket's connection cache and is continued from there. A tampered
+compaction item is a turn-scoped error that reaches no upstream."""
 
 from __future__ import annotations
 
