@@ -1,15 +1,14 @@
 """What the adapter tests share: normalized transcript items, running a stream translator or an
-adapter to the end, the fixtures that serve a fake upstream, and checking that an upstream error
-leaks nothing of the upstream's body, key or address."""
+adapter to the end, and checking that an upstream error leaks nothing of the upstream's body, key or
+address (the fixtures that serve a fake upstream are ``tests.helpers.fake_fixtures``)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 import orjson
-import pytest
 
 from adapters.base import Adapter, UpstreamRequest
 from adapters.deltas import Delta, TextDelta
@@ -22,7 +21,6 @@ __all__ = [
     "assistant",
     "call",
     "collector",
-    "fake_fixtures",
     "openai_error",
     "output",
     "text_of",
@@ -85,25 +83,6 @@ def collector(default: Callable[[], UpstreamRequest]) -> Callable[..., Awaitable
             return [d async for d in adapter.stream(request or default())]
 
     return collect
-
-
-def fake_fixtures(fake_cls: Any) -> tuple[Any, Any]:
-    """The ``fake_server`` (served once per module) and ``fake`` (reset for each test) fixtures.
-
-    Use as ``fake_server, fake = fake_fixtures(FakeX)`` at a test module's top level.
-    """
-
-    @pytest.fixture(scope="module")
-    async def fake_server() -> AsyncIterator[Any]:
-        async with fake_cls.serve() as fake:
-            yield fake
-
-    @pytest.fixture
-    async def fake(fake_server: Any) -> Any:
-        fake_server.reset()
-        return fake_server
-
-    return fake_server, fake
 
 
 def openai_error(code: str | None, message: str = MARKER, type_: str = "invalid_request_error") -> bytes:

@@ -29,13 +29,13 @@ from tests.adapters.helpers import (
     assistant,
     call,
     collector,
-    fake_fixtures,
     output,
     text_of,
     translator_run,
     user,
 )
 from tests.fakes.anthropic import FakeAnthropic, Reply
+from tests.helpers import fake_fixtures
 
 SECRET = "sk-ant-SECRET-42"
 MARKER = "RAW-BODY-MARKER"

@@ -29,13 +29,13 @@ from tests.adapters.helpers import (
     assistant,
     call,
     collector,
-    fake_fixtures,
     output,
     text_of,
     translator_run,
     user,
 )
 from tests.fakes.gemini import FakeGemini, Reply
+from tests.helpers import fake_fixtures
 
 SECRET = "AIza-SECRET-42"
 MARKER = "RAW-BODY-MARKER"

@@ -32,9 +32,10 @@ from gateway.kernel.errors import (
     UpstreamTimeout,
 )
 from gateway.kernel.settings import ProviderSettings, Timeouts
-from tests.adapters.helpers import assistant, call, collector, fake_fixtures, output, text_of, user
+from tests.adapters.helpers import assistant, call, collector, output, text_of, user
 from tests.fakes.openai_chat import FakeOpenAIChat, Reply, usage_chunk
 from tests.fakes.server import unused_port
+from tests.helpers import fake_fixtures
 
 SECRET = "sk-test-SECRET-42"
 MARKER = "RAW-BODY-MARKER"

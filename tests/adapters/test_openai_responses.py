@@ -26,8 +26,9 @@ from adapters.openai_responses.request import build_body, build_input, unwrap_en
 from adapters.openai_responses.stream import ResponsesStreamTranslator
 from gateway.kernel.errors import UpstreamError, UpstreamRateLimited, UpstreamRejected
 from gateway.kernel.settings import ProviderSettings
-from tests.adapters.helpers import collector, fake_fixtures, text_of, translator_run
+from tests.adapters.helpers import collector, text_of, translator_run
 from tests.fakes.openai_responses import FakeOpenAIResponses, Reply
+from tests.helpers import fake_fixtures
 
 SECRET = "sk-SECRET-42"
 MARKER = "RAW-BODY-MARKER"

@@ -14,11 +14,9 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 from tests.fakes.openai_chat import FakeOpenAIChat
+from tests.helpers import chat_upstream
 
 SPEC = Path(__file__).resolve().parents[3] / "shared" / "spec" / "openapi-2026-04-24.json"
-TWO_TENANTS = {"api_keys": [{"key": "sk-a", "tenant": "a"}, {"key": "sk-b", "tenant": "b"}]}
-A = {"Authorization": "Bearer sk-a"}
-B = {"Authorization": "Bearer sk-b"}
 
 
 def key(n: int) -> str:
@@ -27,17 +25,8 @@ def key(n: int) -> str:
 
 def upstream_settings(fake: FakeOpenAIChat, **extra: Any) -> dict[str, Any]:
     """Models ``m`` (default window) and ``small`` (300 tokens) on the fake Chat Completions upstream."""
-    settings: dict[str, Any] = {
-        "providers": {
-            "up": {
-                "kind": "openai-chat",
-                "base_url": fake.base_url,
-                "api_key": "sk-up",
-                "retry": {"attempts": 0},
-            }
-        },
-        "models": {"m": {"provider": "up"}, "small": {"provider": "up", "context_window": 300}},
-    }
+    models = {"m": {"provider": "up"}, "small": {"provider": "up", "context_window": 300}}
+    settings = chat_upstream(fake, models, api_key="sk-up", retry={"attempts": 0})
     settings.update(extra)
     return settings
 

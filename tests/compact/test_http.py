@@ -16,9 +16,6 @@ from compact.opener import SUMMARY_MESSAGE_HEADER
 from compact.seal import key_id
 from compact.strategy import SUMMARY_PROMPT
 from tests.compact.helpers import (
-    TWO_TENANTS,
-    A,
-    B,
     assert_schema,
     assistant,
     compaction_of,
@@ -32,6 +29,7 @@ from tests.compact.helpers import (
 )
 from tests.fakes.openai_chat import FakeOpenAIChat, Reply
 from tests.harness import ServedApp, serve_gateway
+from tests.helpers import TWO_TENANTS, A, B
 from tests.redis_server import delete_prefix, redis_url, unique_prefix
 
 ZERO_USAGE = {

@@ -1,30 +1,18 @@
-"""A compacted window on the WebSocket transport: a new chain with ``store: false`` (NOTES §8.7),
-continued from the connection cache; a tampered item is a turn-scoped error that reaches no upstream."""
+"""A compacted window on the WebSocket transport. The window replaces the history, so a client
+sends it as the input of a turn without ``previous_response_id``: a new chain, which with
+``store: false`` lives only in the socket's connection cache and is continued from there. A tampered
+compaction item is a turn-scoped error that reaches no upstream."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import httpx
-import orjson
-from websockets.asyncio.client import ClientConnection, connect
 
 from tests.compact.helpers import conversation, flip_byte, sent_text, upstream_settings, user, with_envelope
 from tests.fakes.openai_chat import FakeOpenAIChat, Reply
 from tests.harness import ServedApp, serve_gateway
-
-TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
-
-
-async def turn(ws: ClientConnection, **body: Any) -> list[dict[str, Any]]:
-    """Send one response.create and read to its terminal message."""
-    await ws.send(orjson.dumps({"type": "response.create", **body}).decode())
-    events: list[dict[str, Any]] = []
-    while True:
-        event = orjson.loads(await ws.recv())
-        events.append(event)
-        if event["type"] in TERMINAL:
-            return events
+from tests.ws.helpers import run_turn, ws_connect
 
 
 async def compact(gw: ServedApp, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -46,8 +34,8 @@ async def test_compacted_window_starts_a_new_store_false_chain(gateway: ServedAp
             ],
         },
     )
-    async with connect(gateway.ws_url + "/v1/responses", proxy=None) as ws:
-        events = await turn(
+    async with ws_connect(gateway) as ws:
+        events = await run_turn(
             ws, model="mock", store=False, input=[*window, user("What was the word?")], tools=[]
         )
         done = events[-1]
@@ -55,7 +43,7 @@ async def test_compacted_window_starts_a_new_store_false_chain(gateway: ServedAp
         assert done["response"]["previous_response_id"] is None and done["response"]["store"] is False
         assert done["response"]["output"][0]["content"][0]["text"] == "Hello! You said: What was the word?"
         # the store:false response continues from the connection cache, summary included
-        events = await turn(
+        events = await run_turn(
             ws, model="mock", store=False, previous_response_id=done["response"]["id"], input="again"
         )
         assert events[-1]["type"] == "response.completed"
@@ -68,15 +56,15 @@ async def test_tampered_item_on_a_websocket_is_a_turn_error_with_no_upstream_cal
             window = await compact(gw, {"model": "m", "input": conversation(3)})
             envelope = next(i for i in window if i["type"] == "compaction")["encrypted_content"]
             fake.reset()
-            async with connect(gw.ws_url + "/v1/responses", proxy=None) as ws:
+            async with ws_connect(gw) as ws:
                 bad = with_envelope(window, flip_byte(envelope))
-                events = await turn(ws, model="m", store=False, input=[*bad, user("go")])
+                events = await run_turn(ws, model="m", store=False, input=[*bad, user("go")])
                 assert len(events) == 1
                 assert events[0]["type"] == "error" and events[0]["status"] == 400
                 assert events[0]["error"]["code"] == "invalid_encrypted_content"
                 assert fake.requests == []
                 # the socket stays usable, and the authentic window goes through
-                events = await turn(ws, model="m", store=False, input=[*window, user("go")])
+                events = await run_turn(ws, model="m", store=False, input=[*window, user("go")])
                 assert events[-1]["type"] == "response.completed"
         assert "WS-SUMMARY of cobalt" in sent_text(fake)
 
@@ -87,12 +75,12 @@ async def test_a_websocket_chain_is_measured_against_the_window_in_full() -> Non
     async with FakeOpenAIChat.serve() as fake:
         fake.add(Reply.text("ok"), Reply.text("ok"), Reply.text("ok"))
         with serve_gateway(upstream_settings(fake)) as gw:
-            async with connect(gw.ws_url + "/v1/responses", proxy=None) as ws:
+            async with ws_connect(gw) as ws:
 
                 async def small(text: str, prev: dict[str, Any] | None, **extra: Any) -> list[dict[str, Any]]:
                     previous = prev["response"]["id"] if prev else None
                     body = {"model": "small", "store": False, "input": text, **extra}
-                    return await turn(ws, previous_response_id=previous, **body)
+                    return await run_turn(ws, previous_response_id=previous, **body)
 
                 # each 480-byte input is ~124 tokens, each "ok" ~5: two turns fit in 300, three do not
                 first = (await small("a" * 480, None))[-1]

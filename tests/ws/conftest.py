@@ -3,20 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
-from typing import Any
 
 import pytest
 
-from gateway.cli import uvicorn_ws_options
-from gateway.kernel.settings import Settings
-from tests.harness import ServedApp, serve_gateway
-
-
-def serve(settings: dict[str, Any] | None = None) -> AbstractContextManager[ServedApp]:
-    """``serve_gateway`` with the uvicorn WebSocket options the CLI uses."""
-    s = Settings(**(settings or {}))
-    return serve_gateway(s, **uvicorn_ws_options(s))
+from tests.harness import ServedApp
+from tests.ws.helpers import serve
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 
 from tests.harness import serve_gateway
-from tests.ws.support import run_turn, ws_connect
+from tests.ws.helpers import run_turn, ws_connect
 
 
 async def test_the_cache_and_the_store_refuse_the_same_depth() -> None:

@@ -14,7 +14,7 @@ from gateway.app import create_app
 from gateway.cli import uvicorn_ws_options
 from gateway.kernel.settings import Settings
 from tests.harness import ServedApp
-from tests.ws.support import FrameTap, Recorder, install
+from tests.ws.helpers import FrameTap, Recorder, install
 
 set_tracing_disabled(True)
 CALLS: list[str] = []

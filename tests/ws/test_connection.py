@@ -22,8 +22,7 @@ from gateway.app import create_app
 from gateway.cli import GatewayServer, uvicorn_ws_options
 from gateway.kernel.settings import Settings
 from tests.harness import ServedApp, free_port, serve_gateway
-from tests.ws.conftest import serve
-from tests.ws.support import (
+from tests.ws.helpers import (
     Slow,
     assert_clean_turn,
     assert_envelope,
@@ -31,6 +30,7 @@ from tests.ws.support import (
     install,
     read_turn,
     run_turn,
+    serve,
     ws_connect,
 )
 
@@ -260,7 +260,7 @@ async def test_sigterm_drains_the_real_cli() -> None:
     port = free_port()
     code = (
         "import sys, adapters.registry as r\n"
-        "r._KINDS['mock'] = 'tests.ws.support:SlowMock'\n"
+        "r._KINDS['mock'] = 'tests.ws.helpers:SlowMock'\n"
         "from gateway.cli import main\n"
         f"sys.exit(main(['serve', '--port', '{port}']))\n"
     )

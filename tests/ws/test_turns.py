@@ -10,7 +10,7 @@ import pytest
 
 from gateway.kernel.errors import UpstreamRejected
 from tests.harness import ServedApp
-from tests.ws.support import (
+from tests.ws.helpers import (
     FailFirst,
     Recorder,
     Slow,

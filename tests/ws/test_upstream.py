@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -13,8 +13,16 @@ import pytest
 
 from tests.fakes.openai_chat import FakeOpenAIChat, Reply, smart_reply
 from tests.harness import ServedApp
-from tests.ws.conftest import serve
-from tests.ws.support import assert_clean_turn, assert_envelope, create, output_text, run_turn, ws_connect
+from tests.helpers import chat_upstream, fake_fixtures
+from tests.ws.helpers import (
+    assert_clean_turn,
+    assert_envelope,
+    create,
+    output_text,
+    run_turn,
+    serve,
+    ws_connect,
+)
 
 TOOL = {
     "type": "function",
@@ -24,33 +32,13 @@ TOOL = {
 }
 
 
-@pytest.fixture(scope="module")
-async def fake_server() -> AsyncIterator[FakeOpenAIChat]:
-    async with FakeOpenAIChat.serve() as fake:
-        yield fake
-
-
-@pytest.fixture
-async def fake(fake_server: FakeOpenAIChat) -> FakeOpenAIChat:
-    fake_server.reset()
-    fake_server.responder = smart_reply
-    return fake_server
+fake_server, fake = fake_fixtures(FakeOpenAIChat, responder=smart_reply)
 
 
 @pytest.fixture(scope="module")
 def served(fake_server: FakeOpenAIChat) -> Iterator[ServedApp]:
-    config = {
-        "providers": {
-            "up": {
-                "kind": "openai-chat",
-                "base_url": fake_server.base_url,
-                "api_key": "sk-upstream",
-                "retry": {"attempts": 0},
-            }
-        },
-        "models": {"chat": {"provider": "up", "upstream_model": "fake-llm"}},
-    }
-    with serve(config) as s:
+    models = {"chat": {"provider": "up", "upstream_model": "fake-llm"}}
+    with serve(chat_upstream(fake_server, models, api_key="sk-upstream", retry={"attempts": 0})) as s:
         yield s
 
 

@@ -6,14 +6,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
+from tests.api.helpers import ROOT, serve_cli, wait_until_up
 from tests.harness import free_port
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -52,22 +50,9 @@ def test_bad_config_names_the_field(tmp_path: Path) -> None:
 def test_serve_logs_one_line_per_request_without_content(tmp_path: Path) -> None:
     port = free_port()
     secret = "very-private-words-0917"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--port", str(port)],
-        cwd=ROOT,
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-    )
+    proc = serve_cli(port, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
-                break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline and proc.poll() is None
-                time.sleep(0.1)
+        wait_until_up(proc, port)
         for stream in (False, True):
             r = httpx.post(
                 f"http://127.0.0.1:{port}/v1/responses",

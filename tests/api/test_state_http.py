@@ -5,23 +5,21 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import redis
 
+from tests.api.helpers import serve_cli, wait_until_up
 from tests.harness import ServedApp, free_port, serve_gateway
+from tests.helpers import TWO_TENANTS, A, B
 from tests.redis_server import RedisServer, delete_prefix, redis_url, unique_prefix
 
-ROOT = Path(__file__).resolve().parents[2]
-KEYS = {"auth": {"api_keys": [{"key": "sk-a", "tenant": "a"}, {"key": "sk-b", "tenant": "b"}]}}
-A = {"Authorization": "Bearer sk-a"}
-B = {"Authorization": "Bearer sk-b"}
+KEYS = {"auth": TWO_TENANTS}
 
 
 @pytest.fixture(scope="module")
@@ -204,30 +202,14 @@ def test_two_replica_processes_share_one_redis(prefix: str) -> None:
         **os.environ,
         "GATEWAY_STATE__REDIS_URL": redis_url(),
         "GATEWAY_STATE__KEY_PREFIX": p,
-        "GATEWAY_AUTH__API_KEYS": '[{"key": "sk-a", "tenant": "a"}, {"key": "sk-b", "tenant": "b"}]',
+        "GATEWAY_AUTH__API_KEYS": orjson.dumps(TWO_TENANTS["api_keys"]).decode(),
     }
     ports = [free_port(), free_port()]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--port", str(port)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for port in ports
-    ]
+    procs = [serve_cli(port, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for port in ports]
     try:
+        for proc, port in zip(procs, ports, strict=True):
+            wait_until_up(proc, port)
         with httpx.Client(timeout=20) as c:
-            for port in ports:
-                deadline = time.monotonic() + 120
-                while True:
-                    try:
-                        c.get(f"http://127.0.0.1:{port}/healthz")
-                        break
-                    except httpx.HTTPError:
-                        assert time.monotonic() < deadline
-                        time.sleep(0.2)
             one, two = (f"http://127.0.0.1:{port}/v1/responses" for port in ports)
             first = (c.post(one, headers=A, json={"model": "mock", "input": "on replica one"})).json()
             r = c.post(

@@ -16,6 +16,7 @@ from tests.harness import ServedApp, serve_gateway
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[ServedApp]:
+    """Its own gateway, not the shared ``gateway``: the counts asserted here start at zero."""
     with serve_gateway() as s:
         yield s
 

@@ -1,5 +1,6 @@
-"""Helpers for the WebSocket tests: a client turn reader, and adapters the tests plug into a served
-gateway (a recorder of what the upstream received, a slow streamer that notices cancellation)."""
+"""Helpers for the WebSocket tests: serving the gateway with the CLI's WebSocket options, a client
+turn reader, and adapters the tests plug into a served gateway (a recorder of what the upstream
+received, a slow streamer that notices cancellation)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import copy
 import threading
 from collections.abc import AsyncIterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import orjson
@@ -15,11 +17,18 @@ from websockets.asyncio.client import ClientConnection, connect
 from adapters.base import Adapter, UpstreamRequest
 from adapters.deltas import Delta, Finish, TextDelta, Usage
 from adapters.mock.adapter import MockAdapter
+from gateway.cli import uvicorn_ws_options
 from gateway.kernel.errors import UpstreamError
-from gateway.kernel.settings import ModelRoute, ProviderSettings, RetrySettings
-from tests.harness import ServedApp
+from gateway.kernel.settings import ModelRoute, ProviderSettings, RetrySettings, Settings
+from tests.harness import ServedApp, serve_gateway
 
 TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
+
+
+def serve(settings: dict[str, Any] | None = None) -> AbstractContextManager[ServedApp]:
+    """``serve_gateway`` with the uvicorn WebSocket options the CLI uses."""
+    s = Settings(**(settings or {}))
+    return serve_gateway(s, **uvicorn_ws_options(s))
 
 
 def create(**body: Any) -> str:

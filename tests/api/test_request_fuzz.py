@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.sync.client import ClientConnection, connect
 
-from tests.harness import ServedApp, serve_gateway
+from tests.harness import ServedApp
+from tests.ws.helpers import TERMINAL
 
 SCALARS = st.one_of(
     st.none(),
@@ -51,19 +52,12 @@ ITEM = st.dictionaries(ITEM_FIELDS, st.one_of(JSON, KINDS, st.lists(PART, max_si
 BODY = st.dictionaries(FIELDS, st.one_of(JSON, st.lists(ITEM, max_size=4), KINDS), max_size=8).map(
     lambda body: {"model": "mock", **body}
 )
-TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 
 
 @pytest.fixture(scope="module")
-def served() -> Iterator[ServedApp]:
-    with serve_gateway() as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def ws(served: ServedApp) -> Iterator[ClientConnection]:
-    with connect(served.ws_url + "/v1/responses", proxy=None) as conn:
+def ws(gateway: ServedApp) -> Iterator[ClientConnection]:
+    with connect(gateway.ws_url + "/v1/responses", proxy=None) as conn:
         yield conn
 
 
@@ -72,8 +66,8 @@ def assert_error_shape(error: dict[str, Any]) -> None:
     assert isinstance(error["message"], str) and error["message"]
 
 
-def test_any_http_body_gets_an_answer_or_a_4xx(served: ServedApp) -> None:
-    with httpx.Client(base_url=served.base_url, timeout=20) as client:
+def test_any_http_body_gets_an_answer_or_a_4xx(gateway: ServedApp) -> None:
+    with httpx.Client(base_url=gateway.base_url, timeout=20) as client:
 
         @FUZZ
         @given(BODY)

@@ -5,50 +5,31 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import orjson
 import pytest
 
+from tests.api.helpers import parse_sse
 from tests.fakes.openai_chat import FakeOpenAIChat, Reply, fake_logprobs, smart_reply
-from tests.gateway.test_smoke import parse_sse
 from tests.harness import ServedApp, serve_gateway
+from tests.helpers import chat_upstream, fake_fixtures
 
-
-@pytest.fixture(scope="module")
-async def fake_server() -> AsyncIterator[FakeOpenAIChat]:
-    async with FakeOpenAIChat.serve() as fake:
-        yield fake
-
-
-@pytest.fixture
-async def fake(fake_server: FakeOpenAIChat) -> FakeOpenAIChat:
-    fake_server.reset()
-    fake_server.responder = smart_reply
-    return fake_server
-
-
-def config(fake: FakeOpenAIChat, **limits: Any) -> dict[str, Any]:
-    return {
-        "providers": {
-            "up": {
-                "kind": "openai-chat",
-                "base_url": fake.base_url,
-                "api_key": "sk-upstream-secret",
-                "timeouts": {"connect": 2, "read": 1.0, "total": 30},
-                "retry": {"attempts": 1, "backoff_base": 0.01},
-            }
-        },
-        "models": {"m": {"provider": "up", "upstream_model": "fake-llm"}},
-        "limits": limits,
-    }
+fake_server, fake = fake_fixtures(FakeOpenAIChat, responder=smart_reply)
 
 
 @pytest.fixture(scope="module")
 def served(fake_server: FakeOpenAIChat) -> Iterator[ServedApp]:
-    with serve_gateway(config(fake_server, max_events_per_stream=40)) as s:
+    settings = chat_upstream(
+        fake_server,
+        {"m": {"provider": "up", "upstream_model": "fake-llm"}},
+        api_key="sk-upstream-secret",
+        timeouts={"connect": 2, "read": 1.0, "total": 30},
+        retry={"attempts": 1, "backoff_base": 0.01},
+    )
+    with serve_gateway({**settings, "limits": {"max_events_per_stream": 40}}) as s:
         yield s
 
 
