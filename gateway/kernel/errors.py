@@ -46,7 +46,7 @@ class GatewayError(Exception):
         return {"error": self.error_object()}
 
     def stream_event(self, sequence_number: int) -> dict[str, Any]:
-        """The SSE ``error`` event. The top-level duplicates are what every real client reads (§16)."""
+        """The SSE ``error`` event. The top-level duplicates are what real clients read."""
         err = self.error_object()
         return {
             "type": "error",

@@ -17,8 +17,9 @@ Against BPE tokenizers of the GPT-4o/Claude/Gemini generation this is, roughly:
 - base64, hashes, random identifiers: 2-3 bytes per token, under-counting by up to 2x;
 - images vary by provider and size (85 to ~1,600 tokens each); files are unknowable without
   parsing them and may be under-counted by any factor for long documents.
-It does not see the request's ``instructions`` and ``tools`` (the hook receives only the context),
-nor reserve room for the output. An under-count means the upstream itself refuses the request
+The request's ``instructions`` and tool schemas are not items: the orchestrator counts them
+(characters / 4) and passes them to ``fit_context`` as ``reserved``. No room is reserved for the
+output. An under-count means the upstream itself refuses the request
 (a 400 from the provider, passed on as ``upstream_invalid_request``); an over-count can refuse a
 request with ``truncation: "disabled"`` that would just have fit. The estimate is deliberately
 unbiased for prose rather than padded, so such false refusals need a context within ~15% of the

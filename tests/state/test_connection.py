@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from state.base import Transcript
 from gateway.kernel.estimate import estimate
+from state.base import Transcript
 from state.connection import ConnectionCache
 
 Item = dict[str, Any]
