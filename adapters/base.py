@@ -56,6 +56,9 @@ class UpstreamRequest:
     # False: the client waits for the whole answer (non-streaming HTTP, compaction), so an adapter
     # may ask its provider for one unstreamed reply: fewer bytes and events to translate.
     stream: bool = True
+    # The request's id (the client's X-Request-Id, else the gateway's): forwarded upstream as
+    # X-Request-Id so the provider's logs can be matched with ours.
+    request_id: str | None = None
 
 
 class Adapter(Protocol):

@@ -95,7 +95,9 @@ class Gateway:
         rid = response_id()
         resource = new_resource(body, response_id=rid, model=route.model, store=store, echoes=echoes)
         turn = Turn(
-            request=upstream_request(body, echoes, route.upstream_model, ctx, stream=streaming),
+            request=upstream_request(
+                body, echoes, route.upstream_model, ctx, stream=streaming, request_id=request_id
+            ),
             route=route,
             context=ctx,
             resource=resource,

@@ -12,7 +12,13 @@ from gateway.kernel.spec.request import CreateResponseBody
 
 
 def upstream_request(
-    body: CreateResponseBody, echoes: Echoes, model: str, ctx: Context, *, stream: bool = True
+    body: CreateResponseBody,
+    echoes: Echoes,
+    model: str,
+    ctx: Context,
+    *,
+    stream: bool = True,
+    request_id: str | None = None,
 ) -> UpstreamRequest:
     fmt: dict[str, Any] | None = echoes.text["format"]
     if fmt is not None and fmt.get("type") == "text":
@@ -40,4 +46,5 @@ def upstream_request(
         metadata=body.metadata,
         include=list(body.include or ()),
         stream=stream,
+        request_id=request_id,
     )
