@@ -20,8 +20,10 @@ from gateway.engine.auth import Authenticator, Principal
 from gateway.engine.context import CompactionOpener, Context, build_context
 from gateway.engine.resource import Echoes, new_resource
 from gateway.engine.routing import Route, Router
+from gateway.engine.store_health import StoreHealth
 from gateway.engine.turn import Turn, TurnResult
 from gateway.engine.upstream import upstream_request
+from gateway.kernel.errors import ServiceUnavailable
 from gateway.kernel.ids import response_id
 from gateway.kernel.settings import Settings
 from gateway.kernel.spec.request import CreateResponseBody
@@ -48,6 +50,7 @@ class Gateway:
         self.auth = Authenticator(settings.auth)
         self.open_compaction = open_compaction
         self.fit_context = fit_context
+        self.store_health = StoreHealth(store, settings.state.health_recheck_seconds)
 
     def route(self, model: str, principal: Principal) -> Route:
         return self.router.resolve(model, principal.models)
@@ -86,6 +89,8 @@ class Gateway:
         assert body.model is not None  # validate.create_request requires it
         route = self.route(body.model, principal)
         store = True if body.store is None else body.store
+        if store:
+            await self.store_health.require()  # refuse before any upstream spend, not after
         ctx = await self.context(body.input, body.previous_response_id, principal, cache)
         echoes = Echoes.of(body)
         if self.fit_context is not None:
@@ -123,7 +128,11 @@ class Gateway:
         async def keep(result: TurnResult) -> None:
             if result.ended:
                 stored.resource = result.resource
-                await self.store.put(stored)
+                try:
+                    await self.store.put(stored)
+                except ServiceUnavailable:
+                    self.store_health.report(False)
+                    raise
 
         return keep
 

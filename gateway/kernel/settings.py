@@ -67,6 +67,8 @@ class StateSettings(_Strict):
     memory_max_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
     max_chain_depth: int = Field(default=1000, ge=1)
     timeout_seconds: float = Field(default=2.0, gt=0)
+    # how long a store health check holds before a store: true request probes again
+    health_recheck_seconds: float = Field(default=1.0, gt=0)
 
 
 class Timeouts(_Strict):

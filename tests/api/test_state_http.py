@@ -164,7 +164,14 @@ async def test_store_false_is_never_kept_in_memory() -> None:
 async def test_redis_down_fails_fast_and_recovers(prefix: str) -> None:
     server = RedisServer().start()
     try:
-        cfg = {"state": {"redis_url": server.url, "key_prefix": prefix, "timeout_seconds": 0.5}}
+        cfg = {
+            "state": {
+                "redis_url": server.url,
+                "key_prefix": prefix,
+                "timeout_seconds": 0.5,
+                "health_recheck_seconds": 0.1,
+            }
+        }
         with serve_gateway(cfg) as s:
             first = await create(s, {"input": "before"}, headers={})
             assert (await call(s, "GET", "/readyz", {})).status_code == 200
