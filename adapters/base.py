@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -59,6 +60,15 @@ class UpstreamRequest:
     # The request's id (the client's X-Request-Id, else the gateway's): forwarded upstream as
     # X-Request-Id so the provider's logs can be matched with ours.
     request_id: str | None = None
+    # When the whole request must be over (time.monotonic()), retries and fallbacks included: an
+    # adapter bounds its call by what is left of it as well as by its own total timeout.
+    deadline: float | None = None
+
+    def seconds_left(self, cap: float) -> float:
+        """``cap``, or less when the request's deadline comes sooner (never below a millisecond)."""
+        if self.deadline is None:
+            return cap
+        return max(0.001, min(cap, self.deadline - time.monotonic()))
 
 
 class Adapter(Protocol):

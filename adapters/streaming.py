@@ -97,7 +97,7 @@ class HTTPStreamAdapter(Generic[T]):
             self.url(request),
             json_body=self.body(request),
             headers=self._headers if streamed else self._json_headers,
-            total_timeout=self.settings.timeouts.total,
+            total_timeout=request.seconds_left(self.settings.timeouts.total),
             streamed=streamed,
         ) as upstream:
             if upstream.headers.get("content-type", "").startswith("application/json"):

@@ -3,6 +3,7 @@ line plus metrics sample each request ends with."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -36,6 +37,11 @@ access_log = structlog.get_logger("gateway.access")
 
 
 def error_response(err: GatewayError, headers: dict[str, str] | None = None) -> Response:
+    """``err`` as the spec's JSON error body; a rate limit also says when to come back (Retry-After,
+    in whole seconds: the upstream's own when it gave one)."""
+    retry_after = getattr(err, "retry_after", None)
+    if retry_after is not None and err.status in (429, 503):
+        headers = {**(headers or {}), "retry-after": str(max(1, math.ceil(retry_after)))}
     return Response(
         json_bytes(err.http_body()), status_code=err.status, media_type="application/json", headers=headers
     )

@@ -22,6 +22,7 @@ class Route:
     upstream_model: str
     context_window: int = DEFAULT_CONTEXT_WINDOW
     retry: RetrySettings = field(default_factory=lambda: _NO_RETRY)
+    total_seconds: float = 600.0  # the provider's timeouts.total: it bounds a whole turn's opening
     fallbacks: tuple[Route, ...] = field(default=())  # tried in order when this one is exhausted
 
 
@@ -55,6 +56,7 @@ class Router:
             upstream_model=route.upstream_model,
             context_window=route.context_window,
             retry=route.retry,
+            total_seconds=route.total_seconds,
             fallbacks=tuple(fallbacks),
         )
 
@@ -68,6 +70,7 @@ class Router:
                 upstream_model=cfg.upstream_model or model,
                 context_window=cfg.context_window,
                 retry=self.providers[cfg.provider].retry,
+                total_seconds=self.providers[cfg.provider].timeouts.total,
             )
         provider, sep, upstream = model.partition("/")
         p = self.providers.get(provider)
@@ -78,6 +81,7 @@ class Router:
                 adapter=self.adapters[provider],
                 upstream_model=upstream,
                 retry=p.retry,
+                total_seconds=p.timeouts.total,
             )
         raise ModelNotFound(model)
 

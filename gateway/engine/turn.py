@@ -22,6 +22,7 @@ import asyncio
 import dataclasses
 import inspect
 import random
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from adapters.deltas import Delta, Finish, ToolCallArgsDelta, ToolCallStart
 from gateway.engine.builder import ResponseBuilder
 from gateway.engine.context import Context
 from gateway.engine.routing import Route
-from gateway.kernel.errors import GatewayError, ServerError, UpstreamError
+from gateway.kernel.errors import GatewayError, ServerError, UpstreamError, UpstreamTimeout
 from gateway.kernel.settings import RetrySettings
 from gateway.kernel.tool_choice import parse_tool_choice
 
@@ -194,18 +195,27 @@ class Turn:
 
     # -- opening, with retries and fallbacks ------------------------------------------------------
     async def _open(self) -> None:
+        """The first delta, along the route: each provider's retries, then each fallback, all
+        within the primary route's ``timeouts.total`` (backoff and Retry-After included: a wait
+        that would overrun it is not made, and the last error is raised instead)."""
         primary = self.result.route
+        deadline = time.monotonic() + primary.total_seconds
         last: UpstreamError | None = None
         for route in (primary, *primary.fallbacks):
-            request = self.request
-            if request.model != route.upstream_model:
-                request = dataclasses.replace(request, model=route.upstream_model)
+            request = dataclasses.replace(self.request, model=route.upstream_model, deadline=deadline)
             for attempt in range(route.retry.attempts + 1):
                 stream = route.adapter.stream(request)
                 try:
-                    self._first = await anext(stream)
+                    async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                        self._first = await anext(stream)
                 except StopAsyncIteration:
                     self._first = None
+                except TimeoutError:
+                    await _close(stream)
+                    raise UpstreamTimeout(
+                        "The upstream provider did not answer within the request's time limit.",
+                        retryable=False,
+                    ) from None
                 except UpstreamError as exc:
                     await _close(stream)
                     last = exc
@@ -221,7 +231,10 @@ class Turn:
                     if not exc.retryable:
                         raise
                     if attempt < route.retry.attempts:
-                        await asyncio.sleep(_backoff(attempt, route.retry, exc.retry_after))
+                        wait = _backoff(attempt, route.retry, exc.retry_after)
+                        if time.monotonic() + wait >= deadline:
+                            raise  # the retry could not finish in time: the client hears now
+                        await asyncio.sleep(wait)
                     continue
                 except BaseException:
                     await _close(stream)

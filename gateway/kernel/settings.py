@@ -81,6 +81,7 @@ class RetrySettings(_Strict):
     attempts: int = Field(default=2, ge=0, le=10)  # retries after the first try
     backoff_base: float = Field(default=0.25, ge=0)
     backoff_max: float = Field(default=4.0, ge=0)
+    # the longest upstream Retry-After waited for (a longer one is waited for this long)
     retry_after_cap: float = Field(default=10.0, ge=0)
 
 

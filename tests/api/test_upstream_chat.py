@@ -133,6 +133,27 @@ async def test_upstream_errors_before_the_stream_are_plain_http_errors(
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
 
 
+async def test_a_retry_that_would_overrun_the_deadline_is_not_made(fake_server: FakeOpenAIChat) -> None:
+    # A 40 s Retry-After is waited for at most 10 s (retry_after_cap), which would still overrun the
+    # request's 5 s deadline (timeouts.total): the 429 and its Retry-After go to the client at once.
+    settings = chat_upstream(
+        fake_server,
+        {"m": {"provider": "up"}},
+        timeouts={"total": 5},
+        retry={"attempts": 2, "retry_after_cap": 10},
+    )
+    fake_server.reset()
+    with serve_gateway(settings) as gw:
+        t0 = time.monotonic()
+        for body in ({"input": "x"}, {"input": "x", "stream": True}):
+            fake_server.add(Reply.error(429, headers={"retry-after": "40"}))
+            r = await post(gw, body)
+            assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limit_exceeded"
+            assert r.headers["retry-after"] == "40"
+        assert time.monotonic() - t0 < 4
+        assert len(fake_server.requests) == 2  # one call each: no retry that could not finish in time
+
+
 async def test_failure_after_the_first_event_is_error_then_failed(
     served: ServedApp, fake: FakeOpenAIChat
 ) -> None:

@@ -4,6 +4,7 @@ run exactly once whatever the outcome, before the terminal event of a turn that 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -49,8 +50,16 @@ class Scripted:
         return None
 
 
-def route(adapter: Any, *, model: str = "m", attempts: int = 0, fallbacks: tuple[Route, ...] = ()) -> Route:
+def route(
+    adapter: Any,
+    *,
+    model: str = "m",
+    attempts: int = 0,
+    fallbacks: tuple[Route, ...] = (),
+    total: float = 600.0,
+) -> Route:
     return Route(
+        total_seconds=total,
         model=model,
         provider=f"p-{model}",
         adapter=adapter,
@@ -224,3 +233,33 @@ async def test_a_call_to_a_tool_the_choice_does_not_permit_is_dropped() -> None:
     result = await turn.run()
     assert [o["name"] for o in result.output] == ["ok"]
     assert result.status == "completed"
+
+
+async def test_the_total_deadline_bounds_retries_and_skips_a_retry_after_past_it() -> None:
+    later = UpstreamError("busy", retryable=True, retry_after=30.0, upstream_status=429)
+    adapter = Scripted(later, later, later)
+    turn = make_turn(route(adapter, attempts=2, total=5.0))
+    t0 = time.monotonic()
+    with pytest.raises(UpstreamError) as caught:
+        await turn.run()
+    assert time.monotonic() - t0 < 2  # the 30 s Retry-After was not waited for
+    assert caught.value.retry_after == 30.0  # it is passed on to the client instead
+    assert len(adapter.models) == 1
+
+
+async def test_the_total_deadline_bounds_a_hung_upstream_across_attempts() -> None:
+    class Hung(Scripted):
+        async def stream(self, request: UpstreamRequest) -> AsyncIterator[Delta]:
+            self.models.append(request.model)
+            assert request.deadline is not None  # adapters get the deadline to bound their calls
+            await asyncio.Event().wait()
+            yield TextDelta("never")
+
+    adapter = Hung()
+    turn = make_turn(route(adapter, attempts=3, total=0.3))
+    t0 = time.monotonic()
+    with pytest.raises(UpstreamError) as caught:
+        await turn.run()
+    assert caught.value.code == "upstream_timeout"
+    assert time.monotonic() - t0 < 1.5
+    assert len(adapter.models) == 1  # no retry starts after the deadline
