@@ -19,7 +19,6 @@ from tests.compact.helpers import (
     TWO_TENANTS,
     A,
     B,
-    assert_schema,
     assistant,
     compaction_of,
     conversation,
@@ -33,6 +32,7 @@ from tests.compact.helpers import (
 from tests.fakes.openai_chat import FakeOpenAIChat, Reply
 from tests.harness import ServedApp, serve_gateway
 from tests.redis_server import delete_prefix, redis_url, unique_prefix
+from tests.schema import assert_schema
 
 ZERO_USAGE = {
     "input_tokens": 0,
