@@ -1,21 +1,37 @@
-"""The one error tree, and its three renderings (HTTP body, SSE event, WebSocket envelope).
+"""The one error tree, and its renderings.
 
-    GatewayError                      500 server_error
-    ├── ServerError                   500 server_error
-    ├── InvalidRequest                400 invalid_request_error
-    │   ├── ModelNotFound             400 model_not_found            (param "model")
-    │   ├── PreviousResponseNotFound  400 previous_response_not_found (param "previous_response_id")
-    │   ├── ContextLengthExceeded     400 context_length_exceeded
-    │   ├── InvalidEncryptedContent   400 invalid_encrypted_content
-    │   └── ConnectionLimitReached    400 websocket_connection_limit_reached
-    ├── AuthenticationFailed          401 invalid_api_key
-    ├── NotFound                      404 not_found
-    ├── PayloadTooLarge               413 payload_too_large
-    ├── RateLimited                   429 too_many_requests
-    ├── ServiceUnavailable            503 service_unavailable (e.g. the state store is down)
-    └── UpstreamError                 502 upstream_error (retryable or not)
-        ├── UpstreamTimeout           504 upstream_timeout
-        └── UpstreamConnectError      502 upstream_connect_error
+    class                            status  type                   code
+    GatewayError                      500    server_error           server_error
+    ├── ServerError                   500    server_error           server_error
+    ├── InvalidRequest                400    invalid_request_error  invalid_request_error
+    │   ├── ModelNotFound             400    invalid_request_error  model_not_found (param "model")
+    │   ├── PreviousResponseNotFound  400    invalid_request_error  previous_response_not_found
+    │   │                                                           (param "previous_response_id")
+    │   ├── ContextLengthExceeded     400    invalid_request_error  context_length_exceeded
+    │   ├── InvalidEncryptedContent   400    invalid_request_error  invalid_encrypted_content
+    │   ├── ConnectionLimitReached    400    invalid_request_error  websocket_connection_limit_reached
+    │   └── PayloadTooLarge           413    invalid_request_error  payload_too_large
+    ├── AuthenticationFailed          401    authentication_error   invalid_api_key
+    ├── NotFound                      404    not_found              not_found
+    ├── RateLimited                   429    too_many_requests      rate_limit_exceeded (retry_after)
+    ├── ServiceUnavailable            503    server_error           service_unavailable (e.g. the
+    │                                                               state store is down)
+    └── UpstreamError                 502    server_error           upstream_error (retryable or not)
+        ├── UpstreamTimeout           504    server_error           upstream_timeout
+        ├── UpstreamConnectError      502    server_error           upstream_connect_error
+        ├── UpstreamRateLimited       429    too_many_requests      rate_limit_exceeded
+        ├── UpstreamRejected          400    invalid_request_error  upstream_invalid_request
+        └── IllegalTransition         502    server_error           upstream_protocol_error
+
+``chain_too_deep()`` makes an InvalidRequest (param "previous_response_id"). Any ``code`` can be
+overridden per instance (``UpstreamError(..., code="event_limit_exceeded")``).
+
+The three renderings of an error: ``http_body()``, the JSON body of an HTTP error reply;
+``stream_event(n)``, the ``error`` event (sequence number ``n``) a response stream sends before
+``response.failed``; ``ws_envelope()``, the WebSocket ``error`` message for a request that gets no
+response (refused before generation, dropped, connection limit), with the HTTP status and a code
+that is never null. Besides, ``response_error()`` is the ``{code, message}`` of a failed
+ResponseResource.
 
 Upstream failures are translated into this tree inside the adapters; nothing upstream-raw
 (URLs, keys, bodies) is ever put into a message.
@@ -192,3 +208,9 @@ class UpstreamRejected(UpstreamError):
     status = 400
     type = "invalid_request_error"
     code = "upstream_invalid_request"
+
+
+class IllegalTransition(UpstreamError):
+    """The delta sequence broke a state machine of the ResponseBuilder (an adapter or upstream bug)."""
+
+    code = "upstream_protocol_error"

@@ -1,22 +1,14 @@
-"""Shared bits of the compaction tests: settings with a fake upstream, windows, tampering, schema."""
+"""Shared bits of the compaction tests: settings with a fake upstream, windows, tampering."""
 
 from __future__ import annotations
 
 import base64
-import json
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 import orjson
-from jsonschema import Draft202012Validator
-from referencing import Registry, Resource
-from referencing.jsonschema import DRAFT202012
 
 from tests.fakes.openai_chat import FakeOpenAIChat
 from tests.helpers import chat_upstream
-
-SPEC = Path(__file__).resolve().parents[3] / "shared" / "spec" / "openapi-2026-04-24.json"
 
 
 def key(n: int) -> str:
@@ -66,21 +58,3 @@ def flip_byte(envelope: str, index: int = 20) -> str:
 def sent_text(fake: FakeOpenAIChat, n: int = -1) -> str:
     """Everything the upstream received in request ``n``, as one JSON string."""
     return orjson.dumps(fake.requests[n].body).decode()
-
-
-@cache
-def _validator(name: str) -> Draft202012Validator | None:
-    if not SPEC.exists():
-        return None
-    doc = json.loads(SPEC.read_text())
-    resource = Resource.from_contents(doc, default_specification=DRAFT202012)
-    registry = Registry().with_resource("urn:openresponses", resource)
-    return Draft202012Validator({"$ref": f"urn:openresponses#/components/schemas/{name}"}, registry=registry)
-
-
-def assert_schema(name: str, obj: Any) -> None:
-    """Validate against a schema of the dated OpenAPI document (skipped when it is absent)."""
-    validator = _validator(name)
-    if validator is not None:
-        errors = sorted(validator.iter_errors(obj), key=str)
-        assert not errors, [e.message for e in errors[:5]]

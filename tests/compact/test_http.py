@@ -16,7 +16,6 @@ from compact.opener import SUMMARY_MESSAGE_HEADER
 from compact.seal import key_id
 from compact.strategy import SUMMARY_PROMPT
 from tests.compact.helpers import (
-    assert_schema,
     assistant,
     compaction_of,
     conversation,
@@ -31,6 +30,7 @@ from tests.fakes.openai_chat import FakeOpenAIChat, Reply
 from tests.harness import ServedApp, serve_gateway
 from tests.helpers import TWO_TENANTS, A, B
 from tests.redis_server import delete_prefix, redis_url, unique_prefix
+from tests.schema import assert_schema
 
 ZERO_USAGE = {
     "input_tokens": 0,

@@ -1,5 +1,5 @@
 """Property tests: any valid delta sequence yields an event stream that obeys the spec's ordering
-graph (NOTES §5.1); invalid sequences are refused loudly."""
+graph of the spec's streaming events; invalid sequences are refused loudly."""
 
 from __future__ import annotations
 
@@ -11,27 +11,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters.deltas import (
+    Delta,
     Finish,
     ItemDone,
     ReasoningDelta,
-    ReasoningEncrypted,
     ReasoningSummaryDelta,
-    RefusalDelta,
     TextDelta,
     ToolCallArgsDelta,
     ToolCallStart,
     Usage,
 )
-from gateway.engine.builder import IllegalTransition, ResponseBuilder
+from gateway.engine.builder import ItemState, PartState, ResponseBuilder
 from gateway.engine.resource import new_resource
-from gateway.kernel.errors import UpstreamError
+from gateway.kernel.errors import IllegalTransition, UpstreamError
 from gateway.kernel.spec.request import CreateResponseBody
-
-
-def fresh_builder() -> ResponseBuilder:
-    body = CreateResponseBody(model="m", input="x")
-    return ResponseBuilder(new_resource(body, response_id="resp_test", model="m", store=False))
-
+from tests.engine.helpers import delta_sequences, fresh_builder
 
 # -- an independent checker of the ordering graph ------------------------------------------------
 DELTA_DONE = {
@@ -43,6 +37,7 @@ DELTA_DONE = {
 
 def check_stream(events: list[dict[str, Any]]) -> None:
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert all(list(e)[:2] == ["type", "sequence_number"] for e in events), "envelope keys come first"
     assert events[0]["type"] == "response.created"
     assert events[1]["type"] == "response.in_progress"
     for snap in (events[0]["response"], events[1]["response"]):
@@ -117,43 +112,6 @@ def check_stream(events: list[dict[str, Any]]) -> None:
     incompletes = [i for i in done_items if i["status"] == "incomplete"]
     if incompletes:
         assert done_items[-1]["status"] == "incomplete" and terminal == "response.incomplete"
-
-
-# -- strategies ----------------------------------------------------------------------------------
-text = st.text(min_size=1, max_size=6)
-
-
-@st.composite
-def delta_sequences(draw: st.DrawFn) -> list[Any]:
-    out: list[Any] = []
-    call_no = 0
-    for _ in range(draw(st.integers(0, 8))):
-        kind = draw(
-            st.sampled_from(["text", "refusal", "reasoning", "summary", "call", "done", "usage", "encrypted"])
-        )
-        if kind == "text":
-            out += [TextDelta(t) for t in draw(st.lists(text, min_size=1, max_size=4))]
-        elif kind == "refusal":
-            out += [RefusalDelta(t) for t in draw(st.lists(text, min_size=1, max_size=3))]
-        elif kind == "reasoning":
-            out += [ReasoningDelta(t) for t in draw(st.lists(text, min_size=1, max_size=3))]
-        elif kind == "summary":
-            part = draw(st.integers(0, 2))
-            out += [ReasoningSummaryDelta(t, part) for t in draw(st.lists(text, min_size=1, max_size=3))]
-        elif kind == "encrypted":
-            out.append(ReasoningEncrypted(draw(text)))
-        elif kind == "call":
-            key = call_no
-            call_no += 1
-            out.append(ToolCallStart(key=key, name="fn", call_id=draw(st.none() | st.just(f"call_{key}"))))
-            out += [ToolCallArgsDelta(key, t) for t in draw(st.lists(text, max_size=3))]
-        elif kind == "done":
-            out.append(ItemDone())
-        else:
-            out.append(Usage(draw(st.integers(0, 99)), draw(st.integers(0, 99))))
-    if draw(st.booleans()):
-        out.append(Finish(draw(st.sampled_from(["stop", "length", "tool_calls", "content_filter"]))))
-    return out
 
 
 @settings(max_examples=200, deadline=None)
@@ -288,3 +246,167 @@ def test_logprobs_ride_on_deltas_and_gather_on_the_part() -> None:
     events = plain.feed(TextDelta("x")) + plain.feed(Finish("stop")) + plain.finish()
     [done] = [e for e in events if e["type"] == "response.output_text.done"]
     assert "logprobs" not in done and "logprobs" not in plain.resource["output"][0]["content"][0]
+
+
+# -- error_event=False (a WebSocket): response.failed alone, numbers without gaps -----------------
+@settings(max_examples=100, deadline=None)
+@given(delta_sequences(), st.integers(0, 20))
+def test_without_the_error_event_failure_is_response_failed_alone(deltas: list[Any], cut: int) -> None:
+    b = fresh_builder(error_event=False)
+    events = b.start()
+    for d in deltas[:cut]:
+        events += b.feed(d)
+    events += b.fail(UpstreamError("boom"))
+    check_stream(events)
+    assert [e["type"] for e in events].count("error") == 0
+    assert events[-1]["type"] == "response.failed"
+    assert events[-1]["response"]["error"] == {"code": "upstream_error", "message": "boom"}
+
+
+@pytest.mark.parametrize("error_event", [True, False])
+def test_failure_before_start_is_response_failed_numbered_zero(error_event: bool) -> None:
+    events = fresh_builder(error_event=error_event).fail(UpstreamError("early"))
+    assert [(e["type"], e["sequence_number"]) for e in events] == [("response.failed", 0)]
+    assert events[0]["response"]["status"] == "failed"
+
+
+def test_revoke_without_the_error_event_reuses_the_terminal_number() -> None:
+    b = fresh_builder(error_event=False)
+    events = b.start() + b.feed(TextDelta("abc")) + b.feed(Finish("length"))
+    terminal = b.finish()
+    number = terminal[-1]["sequence_number"]
+    terminal[-1:] = b.revoke(UpstreamError("store down", code="service_unavailable"))
+    events += terminal
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert (events[-1]["type"], events[-1]["sequence_number"]) == ("response.failed", number)
+    assert "error" not in [e["type"] for e in events]
+    final = events[-1]["response"]
+    assert final["completed_at"] is None and final["incomplete_details"] is None
+    assert final["error"] == {"code": "service_unavailable", "message": "store down"}
+
+
+def test_error_event_is_keyword_only_and_on_by_default() -> None:
+    body = CreateResponseBody(model="m", input="x")
+    resource = new_resource(body, response_id="resp_test", model="m", store=False)
+    with pytest.raises(TypeError):
+        ResponseBuilder(resource, False)  # type: ignore[misc]
+    b = ResponseBuilder(resource)
+    b.start()
+    assert [e["type"] for e in b.fail(UpstreamError("x"))] == ["error", "response.failed"]
+
+
+# -- the state machines ---------------------------------------------------------------------------
+def test_illegal_transition_is_an_upstream_protocol_error() -> None:
+    assert issubclass(IllegalTransition, UpstreamError)
+    err = IllegalTransition("bad sequence")
+    assert (err.status, err.type, err.code) == (502, "server_error", "upstream_protocol_error")
+    b = fresh_builder()
+    b.start()
+    with pytest.raises(IllegalTransition) as caught:
+        b.feed(ToolCallArgsDelta("nope", "{}"))
+    failed = b.fail(caught.value)
+    assert failed[-1]["response"]["error"]["code"] == "upstream_protocol_error"
+
+
+def test_item_and_part_states_carry_the_wire_strings() -> None:
+    assert [s.value for s in ItemState] == ["in_progress", "completed", "incomplete"]
+    assert [s.value for s in PartState] == ["in_progress", "completed", "incomplete"]
+    b = fresh_builder()
+    b.start()
+    b.feed(TextDelta("a"))
+    assert (b._item_state, b._part_state) == (ItemState.IN_PROGRESS, PartState.IN_PROGRESS)
+    b.feed(ItemDone())
+    assert (b._item_state, b._part_state) == (ItemState.COMPLETED, PartState.COMPLETED)
+    b.feed(ItemDone())  # nothing open: nothing to close
+    assert b.resource["output"][0]["status"] == "completed"
+
+
+def test_an_item_or_part_closes_once() -> None:
+    b = fresh_builder()
+    b.start()
+    with pytest.raises(IllegalTransition):
+        b._end_item(ItemState.COMPLETED)  # no item yet
+    b.feed(TextDelta("a"))
+    with pytest.raises(IllegalTransition):
+        b._end_item(ItemState.IN_PROGRESS)  # open is not an end
+    b.feed(ItemDone())
+    with pytest.raises(IllegalTransition):
+        b._end_item(ItemState.INCOMPLETE)
+    with pytest.raises(IllegalTransition):
+        b._end_part(PartState.COMPLETED)
+    assert b.resource["output"][0]["status"] == "completed"
+
+
+def test_a_closed_summary_part_takes_no_more_text() -> None:
+    b = fresh_builder()
+    b.start()
+    b.feed(ReasoningSummaryDelta("first", 0))
+    b.feed(ReasoningSummaryDelta("second", 1))
+    with pytest.raises(IllegalTransition):
+        b.feed(ReasoningSummaryDelta("late", 0))
+    # a new reasoning item numbers its parts afresh
+    b.feed(TextDelta("answer"))
+    events = b.feed(ReasoningSummaryDelta("again", 0))
+    assert [e["type"] for e in events][-2:] == [
+        "response.reasoning_summary_part.added",
+        "response.reasoning_summary_text.delta",
+    ]
+
+
+def test_sparse_summary_numbers_become_dense_and_keep_their_text_together() -> None:
+    b = fresh_builder()
+    events = b.start()
+    for d in [ReasoningSummaryDelta("a", 1), ReasoningSummaryDelta("b", 1), ReasoningSummaryDelta("c", 4)]:
+        events += b.feed(d)
+    events += b.feed(ReasoningSummaryDelta("d", 4)) + b.finish()
+    check_stream(events)
+    [item] = b.resource["output"]
+    assert item["summary"] == [{"type": "summary_text", "text": "ab"}, {"type": "summary_text", "text": "cd"}]
+    added = [e["summary_index"] for e in events if e["type"] == "response.reasoning_summary_part.added"]
+    assert added == [0, 1]
+
+
+def test_reasoning_text_after_a_summary_is_one_new_part() -> None:
+    b = fresh_builder()
+    events = b.start()
+    deltas: list[Delta] = [
+        ReasoningDelta("a"),
+        ReasoningSummaryDelta("s"),
+        ReasoningDelta("b"),
+        ReasoningDelta("c"),
+    ]
+    for d in deltas:
+        events += b.feed(d)
+    events += b.finish()
+    check_stream(events)
+    [item] = b.resource["output"]
+    assert [p["text"] for p in item["content"]] == ["a", "bc"]
+    assert [p["text"] for p in item["summary"]] == ["s"]
+
+
+def test_failure_keeps_the_arguments_streamed_so_far() -> None:
+    b = fresh_builder()
+    b.start()
+    b.feed(ToolCallStart(0, "f", "call_1"))
+    b.feed(ToolCallArgsDelta(0, '{"a"'))
+    b.feed(ToolCallArgsDelta(0, ": 1"))
+    final = b.fail(UpstreamError("cut"))[-1]["response"]
+    assert final["output"][0]["arguments"] == '{"a": 1'
+    assert final["output"][0]["status"] == "incomplete"
+
+
+def test_each_delta_event_is_a_fresh_dict() -> None:
+    b = fresh_builder()
+    b.start()
+    first = b.feed(TextDelta("a"))[-1]
+    first["sequence_number"] = 99  # what a transport may do to the event it was given
+    first["extra"] = True
+    second = b.feed(TextDelta("b"))[-1]
+    assert second == {
+        "type": "response.output_text.delta",
+        "sequence_number": 5,
+        "item_id": b.resource["output"][0]["id"],
+        "output_index": 0,
+        "content_index": 0,
+        "delta": "b",
+    }
