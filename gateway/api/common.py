@@ -17,6 +17,7 @@ from gateway.api.encode import json_bytes
 from gateway.engine.validate import parse_json
 from gateway.kernel.errors import GatewayError, InvalidRequest, PayloadTooLarge
 from gateway.kernel.ids import new_id
+from gateway.kernel.settings import Limits
 from gateway.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ M = TypeVar("M", bound=BaseModel, covariant=True)
 class RequestValidator(Protocol[M]):
     """``gateway.engine.validate.create_request`` or ``compact_request``."""
 
-    def __call__(self, data: Any, *, max_elements: int) -> M: ...
+    def __call__(self, data: Any, limits: Limits) -> M: ...
 
 
 access_log = structlog.get_logger("gateway.access")
@@ -129,6 +130,6 @@ async def read_request(
     rlog.fields["tenant"] = principal.tenant
     limits = gw.settings.limits
     raw = await read_body(request, limits.max_body_bytes)
-    body = validate(parse_json(raw), max_elements=limits.max_input_elements)
+    body = validate(parse_json(raw), limits)
     rlog.fields["model"] = getattr(body, "model", None)
     return principal, body

@@ -264,7 +264,7 @@ class Connection:
             previous = prev if isinstance(prev, str) else None
             model = data.get("model")
             rlog.fields["model"] = model if isinstance(model, str) else None
-            body = create_request(data, max_elements=self.gw.settings.limits.max_input_elements)
+            body = create_request(data, self.gw.settings.limits)
             turn = await self.gw.prepare(
                 body, self.principal, cache=self.cache, error_event=False, request_id=rlog.request_id
             )

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from gateway.kernel.errors import InvalidRequest
 from gateway.kernel.items import call_ids
+from gateway.kernel.settings import Limits
 from gateway.kernel.spec.request import ITEM_TAGS, PART_TAGS, CompactRequestBody, CreateResponseBody
 
 M = TypeVar("M", bound=BaseModel)
@@ -70,7 +71,8 @@ def _elements(data: dict[str, Any]) -> int:
 
 
 def parse_model(model: type[M], data: Any, *, max_elements: int | None = None) -> M:
-    """``data`` validated as ``model``. ``max_elements`` bounds input items + content parts + tools,
+    """``data`` validated strictly as ``model`` (no coercion: ``"stream": "yes"`` is an error, as on
+    OpenAI's API). ``max_elements`` bounds input items + content parts + tools,
     counted before validation: validating holds the event loop (a few µs an element), so one
     request of 250,000 tiny items would otherwise stall every other request for about a second."""
     if not isinstance(data, dict):
@@ -84,7 +86,7 @@ def parse_model(model: type[M], data: Any, *, max_elements: int | None = None) -
             code="too_many_input_items",
         )
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, strict=True)
     except ValidationError as exc:
         param, msg = _best_error(exc)
         code = "missing_required_parameter" if "Missing required" in msg else "invalid_value"
@@ -98,10 +100,12 @@ def _require_model(model: str | None) -> None:
         )
 
 
-def create_request(data: Any, *, max_elements: int) -> CreateResponseBody:
+def create_request(data: Any, limits: Limits) -> CreateResponseBody:
     """A ``POST /v1/responses`` body or a WebSocket ``response.create`` (its envelope keys already
-    removed) validated: the input-element limit, the wire model, a model named, no background."""
-    body = parse_model(CreateResponseBody, data, max_elements=max_elements)
+    removed) validated: the input-element limit, the wire model, the nesting of its free-form
+    JSON, a model named, no background."""
+    body = parse_model(CreateResponseBody, data, max_elements=limits.max_input_elements)
+    _check_depth(body, limits.max_json_depth)
     if body.background:
         raise InvalidRequest(
             "Background responses are not supported.", param="background", code="unsupported_parameter"
@@ -110,11 +114,61 @@ def create_request(data: Any, *, max_elements: int) -> CreateResponseBody:
     return body
 
 
-def compact_request(data: Any, *, max_elements: int) -> CompactRequestBody:
+def compact_request(data: Any, limits: Limits) -> CompactRequestBody:
     """A ``POST /v1/responses/compact`` body validated."""
-    body = parse_model(CompactRequestBody, data, max_elements=max_elements)
+    body = parse_model(CompactRequestBody, data, max_elements=limits.max_input_elements)
+    _check_parts_depth(body.input, limits.max_json_depth)
     _require_model(body.model)
     return body
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests dicts and lists more than ``limit`` deep (iterative: no recursion
+    limit to hit on the way)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
+def _too_deep(param: str, limit: int) -> InvalidRequest:
+    return InvalidRequest(
+        f"Invalid value for '{param}': nested more than {limit} levels deep.",
+        param=param,
+        code="nesting_too_deep",
+    )
+
+
+def _check_depth(body: CreateResponseBody, limit: int) -> None:
+    """The free-form JSON a request may carry (everything else has a fixed shape)."""
+    for n, tool in enumerate(body.tools or ()):
+        if tool.parameters is not None and _depth_over(tool.parameters, limit):
+            raise _too_deep(f"tools[{n}].parameters", limit)
+    fmt = body.text.format if body.text is not None else None
+    schema = getattr(fmt, "schema_", None)
+    if schema is not None and _depth_over(schema, limit):
+        raise _too_deep("text.format.schema", limit)
+    _check_parts_depth(body.input, limit)
+
+
+def _check_parts_depth(input_: Any, limit: int) -> None:
+    if not isinstance(input_, list):
+        return
+    for n, item in enumerate(input_):
+        for k, part in enumerate(getattr(item, "content", None) or ()):
+            for name in ("annotations", "logprobs"):
+                value = getattr(part, name, None)
+                if value is not None and _depth_over(value, limit):
+                    raise _too_deep(f"input[{n}].content[{k}].{name}", limit)
 
 
 def check_call_ids(

@@ -124,6 +124,12 @@ class Limits(_Strict):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     # input items + their content parts + tools of one request (validating them holds the event loop)
     max_input_elements: int = Field(default=20_000, ge=10)
+    # nesting of free-form JSON (tool parameters, a json_schema format, annotations): deeper is
+    # refused with 400 before it can break serialization (orjson stops at 255)
+    max_json_depth: int = Field(default=64, ge=8, le=200)
+    # how long one send to a client may block (a client that stops reading) before it is dropped
+    # and its upstream call cancelled: SSE and WebSocket alike
+    client_send_seconds: float = Field(default=30.0, gt=0)
     max_events_per_stream: int = Field(default=200_000, ge=10)
     max_ws_frame_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     ws_connection_seconds: float = Field(default=3600.0, gt=0)
