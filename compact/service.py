@@ -1,5 +1,6 @@
 """``POST /v1/responses/compact`` behind the transport: assemble the conversation, keep what the
-strategy keeps, summarize the rest through the same turn path as any response, seal the summary."""
+strategy keeps (the newest items within the route's token budget, ``CompactionSettings.recent_budget``),
+summarize the rest through the same turn path as any response, seal the summary."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from gateway.engine.auth import Principal
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.routing import Route
 from gateway.kernel.errors import ServerError, UpstreamError
-from gateway.kernel.estimate import estimate_text
+from gateway.kernel.estimate import estimate, estimate_text
 from gateway.kernel.ids import new_id, response_id
 from gateway.kernel.spec.request import CompactRequestBody, CreateResponseBody
 
@@ -89,7 +90,8 @@ class Compactor:
         gw = self.gateway
         route = gw.route(body.model, principal)
         ctx = await gw.context(body.input, body.previous_response_id, principal)
-        plan = strategy.plan(ctx.transcript, self.settings.keep_recent_items)
+        budget = self.settings.recent_budget(route.context_window)
+        plan = strategy.plan(ctx.transcript, budget, self.settings.keep_recent_items)
         summary, usage = await self._summarize(plan.older, body, principal, route)
         now = int(time.time())
         cid = new_id("cmp")
@@ -114,6 +116,8 @@ class Compactor:
             items=len(ctx.transcript),
             summarized=len(plan.older),
             kept=len(plan.pinned) + len(plan.recent),
+            kept_tokens=estimate(plan.pinned) + estimate(plan.recent),
+            budget=budget,
             summary_chars=len(summary),
             key_id=self.sealer.current_key_id,
         )

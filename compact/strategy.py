@@ -1,10 +1,18 @@
 """What compaction keeps and what it summarizes, the one summary prompt, and the transcript the
-summarizing model reads. Pure functions over normalized items (gateway/kernel/items.py)."""
+summarizing model reads. Pure functions over normalized items (gateway/kernel/items.py).
+
+What is kept: every system/developer message (pinned), then the newest items that fit a token
+budget (``CompactionSettings.recent_budget``: ``keep_recent_tokens``, or ``keep_recent_fraction``
+of the route's context window), measured with ``gateway/kernel/estimate.py``; everything older is
+summarized. So the compacted window is at most the budget plus the summary, unless the pinned
+messages alone exceed the budget (they are never dropped)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from gateway.kernel.estimate import estimate_item
 
 Item = dict[str, Any]
 
@@ -52,31 +60,41 @@ def is_summary(item: Item) -> bool:
     return item.get("type") == "message" and str(item.get("id", "")).startswith(SUMMARY_ID_PREFIX)
 
 
-def recent_start(items: list[Item], keep: int) -> int:
-    """Index where the verbatim tail starts: the last ``keep`` items, moved earlier so that no
-    ``function_call_output`` is separated from its call and a reasoning item stays with what follows."""
-    start = max(0, len(items) - keep)
-    while 0 < start < len(items):
-        outputs = {i.get("call_id") for i in items[start:] if i.get("type") == "function_call_output"}
-        first_call = next(
-            (
-                n
-                for n in range(start)
-                if items[n].get("type") == "function_call" and items[n].get("call_id") in outputs
-            ),
-            None,
-        )
-        if first_call is not None:
-            start = first_call
-        elif items[start - 1].get("type") == "reasoning":
-            start -= 1
-        else:
+def recent_start(items: list[Item], budget: int, max_items: int | None = None) -> int:
+    """Index where the verbatim tail starts: the longest tail that fits ``budget`` estimated tokens
+    together with every pinned message (kept wherever it stands, so charged first) and holds at most
+    ``max_items`` items (None: no count limit; earlier summaries are folded, so not counted).
+
+    The tail never starts between a function call and its output (a pair is kept or summarized
+    whole), nor just after a reasoning item (which stays with what follows). An item that does not
+    fit ends the tail: it and everything older are summarized, however small the items before it."""
+    calls = {i.get("call_id") for i in items if i.get("type") == "function_call"}
+    used = sum(estimate_item(i) for i in items if is_pinned(i))
+    count = 0
+    unanswered: set[Any] = set()  # call ids of outputs in the tail whose call is not in it yet
+    start = len(items)
+    for n in range(len(items) - 1, -1, -1):
+        item = items[n]
+        if not is_summary(item):
+            count += 1
+            if not is_pinned(item):
+                used += estimate_item(item)
+        if used > budget or (max_items is not None and count > max_items):
             break
+        kind, call_id = item.get("type"), item.get("call_id")
+        if kind == "function_call_output" and call_id in calls:
+            unanswered.add(call_id)
+        elif kind == "function_call":
+            unanswered.discard(call_id)
+        if not unanswered and (n == 0 or items[n - 1].get("type") != "reasoning"):
+            start = n
     return start
 
 
-def plan(items: list[Item], keep_recent: int) -> Plan:
-    start = recent_start(items, keep_recent)
+def plan(items: list[Item], budget: int, max_items: int | None = None) -> Plan:
+    """Split ``items``: the tail ``recent_start`` picks is kept, everything older is summarized
+    except pinned messages, and earlier summaries are always summarized again."""
+    start = recent_start(items, budget, max_items)
     pinned: list[Item] = []
     older: list[Item] = []
     for item in items[:start]:

@@ -139,9 +139,23 @@ class Limits(_Strict):
 
 
 class CompactionSettings(_Strict):
+    """``/v1/responses/compact`` keeps, after the summary, the newest items that fit a token budget
+    (``recent_budget``): ``keep_recent_tokens`` when set, else ``keep_recent_fraction`` of the routed
+    model's ``context_window``. System/developer messages are always kept and count against it first.
+    ``keep_recent_items`` optionally also caps how many items that tail may hold."""
+
     keys: list[SecretStr] = []  # base64 AES keys; first encrypts, all decrypt. Empty: a per-process key
-    keep_recent_items: int = Field(default=4, ge=0)
+    keep_recent_tokens: int | None = Field(default=None, ge=0)  # absolute, for every model
+    keep_recent_fraction: float = Field(default=0.15, ge=0, le=1)  # of context_window, when no tokens
+    keep_recent_items: int | None = Field(default=None, ge=0)  # an upper bound; None: no count limit
     summary_max_tokens: int = Field(default=1024, ge=16)
+
+    def recent_budget(self, context_window: int) -> int:
+        """Estimated tokens the verbatim part of a compacted window may take on a model with
+        ``context_window`` tokens."""
+        if self.keep_recent_tokens is not None:
+            return self.keep_recent_tokens
+        return int(context_window * self.keep_recent_fraction)
 
 
 class LogSettings(_Strict):

@@ -38,6 +38,25 @@ def conversation(turns: int) -> list[dict[str, Any]]:
     return items
 
 
+def bulky_tail() -> list[dict[str, Any]]:
+    """About 40,000 characters whose bulk is at the end: a few short turns, then a call whose
+    output is 30,000 characters and a long assistant message (the shape compaction used to grow)."""
+    items = conversation(3)
+    log = "".join(f"line {n:05d}: compiler output ok\n" for n in range(1000))[:30_000]
+    return [
+        *items,
+        user("Now read the build log."),
+        {
+            "type": "function_call",
+            "call_id": "call_log",
+            "name": "read_file",
+            "arguments": '{"path": "b.log"}',
+        },
+        {"type": "function_call_output", "call_id": "call_log", "output": log},
+        assistant("The log shows: " + "a long explanation of the build. " * 220),
+    ]
+
+
 def compaction_of(window: list[dict[str, Any]]) -> dict[str, Any]:
     found = [i for i in window if i["type"] == "compaction"]
     assert len(found) == 1, window

@@ -9,14 +9,17 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import redis
 
 from compact.opener import SUMMARY_MESSAGE_HEADER
 from compact.seal import key_id
 from compact.strategy import SUMMARY_PROMPT
+from gateway.kernel.estimate import estimate
 from tests.compact.helpers import (
     assistant,
+    bulky_tail,
     compaction_of,
     conversation,
     flip_byte,
@@ -28,7 +31,7 @@ from tests.compact.helpers import (
 )
 from tests.fakes.openai_chat import FakeOpenAIChat, Reply
 from tests.harness import ServedApp, serve_gateway
-from tests.helpers import TWO_TENANTS, A, B
+from tests.helpers import TWO_TENANTS, A, B, chat_upstream
 from tests.redis_server import delete_prefix, redis_url, unique_prefix
 from tests.schema import assert_schema
 
@@ -117,6 +120,40 @@ async def test_long_input_is_summarized_through_the_upstream() -> None:
         assert "cobalt-0" in sent_text(fake) and "cobalt-3" in sent_text(fake)
         assert "cobalt-4" not in sent_text(fake)  # kept verbatim, not summarized
         assert "tools" not in sent or not sent["tools"]
+
+
+@pytest.mark.parametrize(
+    ("route", "compaction", "budget"),
+    [
+        ({"context_window": 32_000}, {}, 4_800),  # the default: 15% of the model's window
+        ({}, {"keep_recent_tokens": 2_500}, 2_500),  # an absolute budget, on a 128k window
+    ],
+)
+async def test_compacting_a_bulky_tail_shrinks_the_window_to_the_budget(
+    route: dict[str, Any], compaction: dict[str, Any], budget: int
+) -> None:
+    # A 30,000-character tool result then a long assistant message, ~9,400 tokens: over the budget.
+    convo = bulky_tail()
+    assert estimate(convo) > budget
+    async with FakeOpenAIChat.serve() as fake:
+        fake.add(Reply.text("SUMMARY: modules 0-2 reviewed; build.log read, every line ok. " * 8))
+        models = {"w": {"provider": "up", **route}}
+        settings = {**chat_upstream(fake, models, api_key="sk-up"), "compaction": compaction}
+        with serve_gateway(settings) as gw:
+            r = await post(gw, "/v1/responses/compact", {"model": "w", "input": convo})
+    assert r.status_code == 200, r.text
+    window = r.json()["output"]
+    summary = compaction_of(window)
+    verbatim = [i for i in window if i["type"] != "compaction"]
+    assert estimate(verbatim) <= budget
+    assert estimate(window) <= budget + estimate([summary])
+    assert estimate(window) < estimate(convo) and len(orjson.dumps(window)) < len(orjson.dumps(convo))
+    # what is kept is the system message and the newest items, verbatim; the rest was summarized
+    assert verbatim[0]["role"] == "system" and len(verbatim) < len(convo)
+    texts = [m["content"][0]["text"] for m in verbatim if m["type"] == "message"]
+    assert texts[-1] == convo[-1]["content"]
+    assert not any(i["type"].startswith("function_call") for i in verbatim)  # the pair went together
+    assert "line 00000: compiler output ok" in sent_text(fake) and "call_log" in sent_text(fake)
 
 
 async def test_missing_model_unknown_model_bad_json_and_auth() -> None:
