@@ -18,6 +18,7 @@ from compact.seal import Sealer
 from compact.truncation import fit_context
 from gateway.api import compact, http, ops, stored
 from gateway.api.common import error_response
+from gateway.api.stall import StallWatch
 from gateway.api.ws import WebSocketHub, responses_socket
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.routing import Router
@@ -77,6 +78,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             await app.state.ws_hub.drain(0)  # normally done already (GatewayServer); cut what is left
+            await app.state.stall_watch.aclose()
             await gateway.aclose()
 
     app = GatewayApp(
@@ -85,6 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = Metrics()
     app.state.ws_hub = WebSocketHub()
+    app.state.stall_watch = StallWatch(settings.limits.client_send_seconds)
     for path in ("/v1/responses", "/v1/codex/responses"):
         app.router.add_websocket_route(path, responses_socket)
     app.add_route("/v1/responses/compact", compact.compact_response, methods=["POST"])

@@ -7,7 +7,9 @@ import asyncio
 from types import TracebackType
 from typing import Any
 
-from starlette.types import Receive
+from starlette.types import Receive, Send
+
+from gateway.api.stall import abort_transport
 
 
 class DisconnectWatch:
@@ -15,13 +17,22 @@ class DisconnectWatch:
     client disconnect cancels the body of the block (the upstream call with it) and the block exits
     quietly with ``watch.gone`` set."""
 
-    __slots__ = ("_receive", "_task", "_watcher", "gone")
+    __slots__ = ("_receive", "_send", "_task", "_watcher", "gone", "since")
 
-    def __init__(self, receive: Receive) -> None:
+    def __init__(self, receive: Receive, send: Send | None = None) -> None:
         self._receive = receive
+        self._send = send
         self._task: asyncio.Task[Any] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self.gone = False
+        self.since = 0.0  # a send to the client in progress since (gateway/api/stall.py)
+
+    def stalled(self) -> None:
+        """The client stopped reading (``StallWatch``): treat it as gone, and drop its socket."""
+        self.gone = True
+        if self._task is not None:
+            self._task.cancel()
+        abort_transport(self._send)
 
     async def __aenter__(self) -> DisconnectWatch:
         self._task = asyncio.current_task()

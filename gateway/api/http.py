@@ -8,6 +8,7 @@ point — while waiting for the first token, mid-stream, or while a JSON answer 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from starlette.requests import Request
@@ -16,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.api.common import RequestLog, error_response, read_request
 from gateway.api.disconnect import DisconnectWatch
 from gateway.api.encode import SSE_DONE, json_bytes, sse_frame
+from gateway.api.stall import StallWatch
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.turn import Turn
 from gateway.engine.validate import create_request
@@ -41,7 +43,7 @@ async def create_response(scope: Scope, receive: Receive, send: Send) -> None:
         rlog.done(metrics, err.status, error_code=err.code)
         await error_response(err, headers)(scope, receive, send)
         return
-    async with DisconnectWatch(receive) as watch:
+    async with DisconnectWatch(receive, send) as watch:
         try:
             turn = await gw.prepare(body, principal, streaming=bool(body.stream), request_id=rlog.request_id)
         except GatewayError as err:
@@ -52,29 +54,42 @@ async def create_response(scope: Scope, receive: Receive, send: Send) -> None:
         rlog.routed = True
         turn.on_end(lambda result: rlog.turn_ended(metrics, result))
         extra = [(b"x-request-id", rlog.request_id.encode())]
+        stalls: StallWatch = request.app.state.stall_watch
+        stalls.add(watch)
         try:
             if body.stream:
-                await _stream_sse(turn, extra, send)
+                await _stream_sse(turn, extra, send, watch)
             else:
-                await _send_json(turn, extra, send)
+                await _send_json(turn, extra, send, watch)
         except GatewayError as err:  # before the first event: an ordinary error response
             await error_response(err, headers)(scope, receive, send)
+        finally:
+            stalls.discard(watch)
     if watch.gone:
         rlog.fields.setdefault("client_gone", True)
 
 
-async def _stream_sse(turn: Turn, extra: list[tuple[bytes, bytes]], send: Send) -> None:
+async def _stream_sse(
+    turn: Turn, extra: list[tuple[bytes, bytes]], send: Send, watch: DisconnectWatch
+) -> None:
+    """Each send is stamped for the StallWatch (``watch.since``)."""
+
     async def opened() -> None:
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS + extra})
 
     async def emit(event: dict[str, Any]) -> None:
+        watch.since = time.monotonic()
         await send({"type": "http.response.body", "body": sse_frame(event), "more_body": True})
+        watch.since = 0.0
 
     await turn.run(emit, opened=opened)
+    watch.since = time.monotonic()
     await send({"type": "http.response.body", "body": SSE_DONE, "more_body": False})
 
 
-async def _send_json(turn: Turn, extra: list[tuple[bytes, bytes]], send: Send) -> None:
+async def _send_json(
+    turn: Turn, extra: list[tuple[bytes, bytes]], send: Send, watch: DisconnectWatch
+) -> None:
     """Run the same turn without relaying events; answer the final resource (or its error)."""
     result = await turn.run()
     err = result.error
@@ -82,5 +97,6 @@ async def _send_json(turn: Turn, extra: list[tuple[bytes, bytes]], send: Send) -
         status, payload = err.status, json_bytes(err.http_body())
     else:
         status, payload = 200, json_bytes(result.resource)
+    watch.since = time.monotonic()
     await send({"type": "http.response.start", "status": status, "headers": _JSON_HEADERS + extra})
     await send({"type": "http.response.body", "body": payload})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any, cast
 
 import orjson
@@ -15,6 +16,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from gateway.api.common import RequestLog, error_response
 from gateway.api.encode import ws_text
+from gateway.api.stall import StallWatch, abort_transport
 from gateway.engine.auth import Principal
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.turn import TurnResult
@@ -96,12 +98,15 @@ async def responses_socket(websocket: WebSocket) -> None:
         return
     await websocket.accept()
     conn = Connection(websocket, gw, principal, metrics)
+    stalls: StallWatch = app.state.stall_watch
     hub.add(conn)
+    stalls.add(conn)
     metrics.ws_connections += 1
     try:
         await conn.serve()
     finally:
         metrics.ws_connections -= 1
+        stalls.discard(conn)
         hub.discard(conn)
 
 
@@ -130,6 +135,7 @@ class Connection:
         self.closed = False  # we have sent the close frame
         self._wake: asyncio.Future[None] | None = None
         self._worker: asyncio.Task[None] | None = None
+        self.since = 0.0  # a send in progress since (gateway/api/stall.py)
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def serve(self) -> None:
@@ -165,8 +171,20 @@ class Connection:
 
     async def _send(self, text: str) -> None:
         # Awaits the transport: uvicorn pauses us at its write high-water mark, so a slow reader
-        # stalls this turn (and the upstream read behind it) instead of growing a buffer.
+        # stalls this turn (and the upstream read behind it) instead of growing a buffer; the
+        # StallWatch drops it past limits.client_send_seconds.
+        self.since = time.monotonic()
         await self.ws.send({"type": "websocket.send", "text": text})
+        self.since = 0.0
+
+    def stalled(self) -> None:
+        """The client stopped reading: cancel the turn (and its upstream call), drop the socket
+        (no close frame: it could not be delivered)."""
+        self.closed = True
+        self.draining = True
+        if self._worker is not None:
+            self._worker.cancel()
+        abort_transport(self.ws._send)
 
     # -- reading -------------------------------------------------------------------------------
     async def _read(self) -> None:
