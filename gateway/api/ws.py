@@ -247,6 +247,12 @@ class Connection:
                 self.busy = True
                 try:
                     await self._turn(job)
+                except WebSocketDisconnect:
+                    raise
+                except Exception:
+                    # A bug in one turn must not take the socket and the turns queued behind it.
+                    with contextlib.suppress(Exception):
+                        await self._send(ws_text(self._crashed().ws_envelope()))
                 finally:
                     self.busy = False
                     self.pending -= 1

@@ -152,8 +152,7 @@ class Turn:
                     async for _ in events:
                         pass
                 else:
-                    async for event in events:
-                        await emit(event)
+                    await _relay(events, emit)
             return self.result
         finally:
             await self._close()
@@ -266,9 +265,9 @@ class Turn:
         res = self.result
         res.started = True
         count = 0
-        for ev in b.start():
-            yield ev
         try:
+            for ev in b.start():
+                yield ev
             if self._first is not None:
                 first, self._first = self._first, None
                 for ev in self._feed(first):
@@ -325,6 +324,24 @@ class Turn:
         if self._stream is not None:
             stream, self._stream = self._stream, None
             await _close(stream)
+
+
+async def _relay(events: AsyncGenerator[Event, None], emit: Emit) -> None:
+    """Every event to ``emit``. An event the transport cannot encode (a TypeError or ValueError
+    from the serializer) fails the response in the builder, so the client still gets its terminal
+    event; a client that left raises out as usual."""
+    try:
+        event = await anext(events)
+        while True:
+            try:
+                await emit(event)
+            except (TypeError, ValueError):
+                log.exception("event_encoding_failed", event_type=event.get("type"))
+                event = await events.athrow(ServerError("The gateway failed while encoding this response."))
+                continue
+            event = await anext(events)
+    except StopAsyncIteration:
+        return
 
 
 async def _close(stream: AsyncIterator[Delta]) -> None:

@@ -263,3 +263,18 @@ async def test_the_total_deadline_bounds_a_hung_upstream_across_attempts() -> No
     assert caught.value.code == "upstream_timeout"
     assert time.monotonic() - t0 < 1.5
     assert len(adapter.models) == 1  # no retry starts after the deadline
+
+
+async def test_an_event_the_transport_cannot_encode_still_ends_with_a_terminal_event() -> None:
+    turn = make_turn(route(Scripted([TextDelta("a"), TextDelta("b"), Finish("stop")])))
+    sent: list[Event] = []
+
+    async def emit(event: Event) -> None:
+        if event["type"] == "response.output_text.delta":
+            raise TypeError("cannot serialize")
+        sent.append(event)
+
+    result = await turn.run(emit)
+    assert result.status == "failed" and result.error is not None
+    assert result.error.code == "server_error"
+    assert [e["type"] for e in sent][-2:] == ["error", "response.failed"]
