@@ -86,13 +86,15 @@ class Compactor:
         self.sealer: Sealer = opener.sealer
         self.settings = gateway.settings.compaction
 
-    async def compact(self, body: CompactRequestBody, principal: Principal) -> dict[str, Any]:
+    async def compact(
+        self, body: CompactRequestBody, principal: Principal, *, request_id: str | None = None
+    ) -> dict[str, Any]:
         gw = self.gateway
         route = gw.route(body.model, principal)
         ctx = await gw.context(body.input, body.previous_response_id, principal)
         budget = self.settings.recent_budget(route.context_window)
         plan = strategy.plan(ctx.transcript, budget, self.settings.keep_recent_items)
-        summary, usage = await self._summarize(plan.older, body, principal, route)
+        summary, usage = await self._summarize(plan.older, body, principal, route, request_id)
         now = int(time.time())
         cid = new_id("cmp")
         payload = {
@@ -132,7 +134,12 @@ class Compactor:
         }
 
     async def _summarize(
-        self, older: list[Item], body: CompactRequestBody, principal: Principal, route: Route
+        self,
+        older: list[Item],
+        body: CompactRequestBody,
+        principal: Principal,
+        route: Route,
+        request_id: str | None = None,
     ) -> tuple[str, dict[str, Any]]:
         """The summary text and the tokens it cost (zeros when no model call was needed)."""
         if not older:
@@ -160,7 +167,7 @@ class Compactor:
                 "prompt_cache_key": body.prompt_cache_key,
             }
         )
-        turn = await self.gateway.prepare(request, principal, streaming=False)
+        turn = await self.gateway.prepare(request, principal, streaming=False, request_id=request_id)
         result = await turn.run()
         if result.error is not None:
             raise result.error

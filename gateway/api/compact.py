@@ -20,7 +20,7 @@ async def compact_response(request: Request) -> Response:
     metrics = request.app.state.metrics
     try:
         principal, body = await read_request(request, gw, compact_request, rlog)
-        result = await Compactor(gw).compact(body, principal)
+        result = await Compactor(gw).compact(body, principal, request_id=rlog.request_id)
     except GatewayError as err:
         rlog.done(metrics, err.status, error_code=err.code)
         return error_response(err, headers)

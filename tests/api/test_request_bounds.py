@@ -79,3 +79,22 @@ async def test_wrong_types_are_not_coerced(gateway: ServedApp, field: str, value
         events = await run_turn(ws, model="mock", input="x", **{field: value})
         if field != "stream":  # a WebSocket create ignores "stream" (clients send it)
             assert_envelope(events[-1], 400, err["code"], field)
+
+
+@pytest.mark.parametrize(
+    ("sent", "echoed"),
+    [("req-client-42", True), ("x" * 60_000, False), ("bad id\twith spaces", False), ("a" * 129, False)],
+)
+async def test_x_request_id_is_echoed_only_when_it_is_a_plausible_id(
+    gateway: ServedApp, sent: str, echoed: bool
+) -> None:
+    async with httpx.AsyncClient(base_url=gateway.base_url, timeout=10) as c:
+        r = await c.post(
+            "/v1/responses", json={"model": "mock", "input": "hi"}, headers={"x-request-id": sent}
+        )
+    assert r.status_code == 200
+    got = r.headers["x-request-id"]
+    if echoed:
+        assert got == sent
+    else:
+        assert got != sent and got.startswith("req_") and len(got) < 64
