@@ -2,6 +2,9 @@
 per generation, and the loop that JSON-decodes each server-sent event into the provider's pure
 stream translator (an unstreamed JSON reply goes to it whole). A provider states only what
 differs: its URL, auth headers, body and translator.
+
+Every call sends the request's id as ``X-Request-Id`` and ends with one ``upstream_call`` log line
+(``adapters.transport.UpstreamCall``) naming the provider's own id for it.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import orjson
 
 from adapters.base import UpstreamRequest
 from adapters.deltas import Delta
-from adapters.transport import UpstreamClient, open_stream
+from adapters.transport import UpstreamCall, UpstreamClient, open_stream, safe_id
 from gateway.kernel.errors import UpstreamError
 from gateway.kernel.settings import ProviderSettings
 
@@ -36,6 +39,9 @@ class StreamTranslator(Protocol):
 
 
 T = TypeVar("T", bound=StreamTranslator)
+
+# A body field naming the provider's id for the call, where no header does (Gemini's responseId).
+_BODY_ID = "responseId"
 
 
 class HTTPStreamAdapter(Generic[T]):
@@ -91,48 +97,65 @@ class HTTPStreamAdapter(Generic[T]):
         """Send ``request``; yield its deltas. Raises ``UpstreamError`` (and subclasses)."""
         translator = self.translator()
         streamed = request.stream
-        async with open_stream(
-            self._client,
-            "POST",
-            self.url(request),
-            json_body=self.body(request),
-            headers=self._headers if streamed else self._json_headers,
-            total_timeout=request.seconds_left(self.settings.timeouts.total),
-            streamed=streamed,
-        ) as upstream:
-            if upstream.headers.get("content-type", "").startswith("application/json"):
-                for delta in self.whole(translator, await upstream.read_json()):
-                    yield delta
-                return
-            ended = False
-            feed = translator.feed
-            done_marker = self.done_marker
-            named_events = self.named_events
-            async with aclosing(upstream.events()) as events:
-                async for event in events:
-                    data = event.data
-                    if not data:
-                        continue
-                    if done_marker and data == "[DONE]":
-                        ended = True
-                        break
-                    try:
-                        chunk = orjson.loads(data)
-                    except orjson.JSONDecodeError:
-                        raise UpstreamError("The upstream provider sent malformed stream data.") from None
-                    if not isinstance(chunk, dict):
-                        continue
-                    if named_events and "type" not in chunk and event.event:
-                        chunk["type"] = event.event
-                    for delta in feed(chunk):
+        headers = self._headers if streamed else self._json_headers
+        if (request_id := safe_id(request.request_id)) is not None:
+            headers = {**headers, "x-request-id": request_id}
+        call = UpstreamCall(self.settings.kind, request.request_id)
+        try:
+            async with open_stream(
+                self._client,
+                "POST",
+                self.url(request),
+                json_body=self.body(request),
+                headers=headers,
+                total_timeout=request.seconds_left(self.settings.timeouts.total),
+                streamed=streamed,
+                call=call,
+            ) as upstream:
+                if upstream.headers.get("content-type", "").startswith("application/json"):
+                    body = await upstream.read_json()
+                    call.body_id(body.get(_BODY_ID) if isinstance(body, dict) else None)
+                    for delta in self.whole(translator, body):
                         yield delta
-                    if translator.done:
-                        ended = True
-                        break
-            if ended:
-                await upstream.drain()  # the body's end is normally right behind: reuse the socket
-        for delta in self.finish(translator, ended):
-            yield delta
+                    return
+                ended = False
+                feed = translator.feed
+                done_marker = self.done_marker
+                named_events = self.named_events
+                need_id = call.upstream_request_id is None
+                async with aclosing(upstream.events()) as events:
+                    async for event in events:
+                        data = event.data
+                        if not data:
+                            continue
+                        if done_marker and data == "[DONE]":
+                            ended = True
+                            break
+                        try:
+                            chunk = orjson.loads(data)
+                        except orjson.JSONDecodeError:
+                            raise UpstreamError("The upstream provider sent malformed stream data.") from None
+                        if not isinstance(chunk, dict):
+                            continue
+                        if need_id:  # the first chunk, for a provider that names its id there
+                            need_id = False
+                            call.body_id(chunk.get(_BODY_ID))
+                        if named_events and "type" not in chunk and event.event:
+                            chunk["type"] = event.event
+                        for delta in feed(chunk):
+                            yield delta
+                        if translator.done:
+                            ended = True
+                            break
+                if ended:
+                    await upstream.drain()  # the body's end is normally right behind: reuse the socket
+            for delta in self.finish(translator, ended):
+                yield delta
+        except UpstreamError as exc:
+            call.error_code = exc.code
+            raise
+        finally:
+            call.log()
 
     async def aclose(self) -> None:
         """Close the connection pool (when the adapter owns it)."""

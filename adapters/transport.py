@@ -1,6 +1,7 @@
 """The upstream HTTP transport: one pooled aiohttp client per provider (TLS from the system trust
 store, an optional forward proxy), a call whose response body is read within one total deadline,
-bounded reads of error bodies, and the mapping of aiohttp's failures to ``gateway.kernel.errors``.
+bounded reads of error bodies, the mapping of aiohttp's failures to ``gateway.kernel.errors``, and
+the one log line per call (:class:`UpstreamCall`).
 
 Messages are the gateway's own words: no upstream URL, key or raw body ever reaches one.
 """
@@ -9,25 +10,86 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import ssl
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
 import orjson
+import structlog
 
 from adapters.sse import SSEDecodeError, SSEDecoder, SSEEvent
 from adapters.upstream_errors import map_status_error
 from gateway.kernel.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
 from gateway.kernel.settings import ProviderSettings
 
-__all__ = ["ERROR_BODY_LIMIT", "UpstreamClient", "UpstreamStream", "map_transport_error", "open_stream"]
+__all__ = [
+    "ERROR_BODY_LIMIT",
+    "UpstreamCall",
+    "UpstreamClient",
+    "UpstreamStream",
+    "map_transport_error",
+    "open_stream",
+    "safe_id",
+]
 
 # aiohttp's client logs nothing per request at INFO; keep it that way even under a DEBUG root.
 logging.getLogger("aiohttp.client").setLevel(logging.WARNING)
+log = structlog.get_logger("adapters.upstream")
 
 ERROR_BODY_LIMIT = 64 * 1024  # bytes of an error body read to pick a code; the rest is dropped
+_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+# The provider's own id for a call, in a response header: OpenAI's x-request-id, Anthropic's request-id.
+_ID_HEADERS = ("x-request-id", "request-id")
+
+
+def safe_id(value: object) -> str | None:
+    """``value`` if it is id-shaped (1 to 128 letters, digits and ``._:-``), else None: an id a
+    client or an upstream sends reaches a log line or a header only in that shape."""
+    return value if isinstance(value, str) and _ID.fullmatch(value) is not None else None
+
+
+class UpstreamCall:
+    """One upstream call's ``upstream_call`` log line (info): ``request_id`` (the request's, sent as
+    X-Request-Id when id-shaped), the provider ``kind``, the HTTP ``status`` (None: no answer), the provider's
+    ``upstream_request_id``, ``duration_ms`` to the end of the body and the ``error_code`` of a
+    failed call. :func:`open_stream` notes the answer; the caller calls :meth:`log` once, at the end."""
+
+    __slots__ = ("error_code", "kind", "request_id", "start", "status", "upstream_request_id")
+
+    def __init__(self, kind: str, request_id: str | None) -> None:
+        self.kind = kind
+        self.request_id = request_id
+        self.start = time.perf_counter()
+        self.status: int | None = None
+        self.upstream_request_id: str | None = None
+        self.error_code: str | None = None
+
+    def answered(self, status: int, headers: Mapping[str, str]) -> None:
+        self.status = status
+        for name in _ID_HEADERS:
+            if (found := safe_id(headers.get(name))) is not None:
+                self.upstream_request_id = found
+                return
+
+    def body_id(self, value: object) -> None:
+        """An id the body names (Gemini's ``responseId``), for a provider whose headers had none."""
+        if self.upstream_request_id is None:
+            self.upstream_request_id = safe_id(value)
+
+    def log(self) -> None:
+        log.info(
+            "upstream_call",
+            request_id=self.request_id,
+            kind=self.kind,
+            status=self.status,
+            upstream_request_id=self.upstream_request_id,
+            duration_ms=round((time.perf_counter() - self.start) * 1000, 3),
+            error_code=self.error_code,
+        )
 
 
 def _tls_context() -> ssl.SSLContext:
@@ -181,13 +243,15 @@ async def open_stream(
     headers: Mapping[str, str],
     total_timeout: float,
     streamed: bool = True,
+    call: UpstreamCall | None = None,
 ) -> AsyncIterator[UpstreamStream]:
     """Send a request; yield its response, body not yet read, once its status is 2xx.
 
     A non-2xx status reads up to ``ERROR_BODY_LIMIT`` bytes and raises ``map_status_error``.
     ``total_timeout`` bounds the whole call, reading included; ``streamed`` (the answer comes as
-    a stream) adds the per-read timeout. Leaving the block closes the
-    response: an unfinished body closes the connection, so the upstream sees it.
+    a stream) adds the per-read timeout. ``call`` notes the status and the provider's id of any
+    answer. Leaving the block closes the response: an unfinished body closes the connection, so
+    the upstream sees it.
     """
     try:
         response = await client.session.request(
@@ -202,6 +266,8 @@ async def open_stream(
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise map_transport_error(exc) from None
     stream = UpstreamStream(response)
+    if call is not None:
+        call.answered(response.status, response.headers)
     try:
         if not 200 <= response.status < 300:
             body = await _read_bounded(stream)

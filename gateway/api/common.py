@@ -131,7 +131,10 @@ class RequestLog:
         model = self.fields.get("model")
         if isinstance(model, str) and len(model) > _MAX_LOGGED_MODEL:
             self.fields["model"] = model[:_MAX_LOGGED_MODEL] + "…"
-        access_log.info("request", status=status, latency_ms=round(self.elapsed() * 1000, 3), **self.fields)
+        # A server-side failure (5xx, or a streamed response that ended "failed") is a warning.
+        failed = status == "failed" or (isinstance(status, int) and status >= 500)
+        write = access_log.warning if failed else access_log.info
+        write("request", status=status, latency_ms=round(self.elapsed() * 1000, 3), **self.fields)
 
 
 async def read_request(

@@ -1,18 +1,53 @@
 """Read routes over stored responses (a superset of the spec that clients use), tenant-scoped:
-GET/DELETE /v1/responses/{id} and GET /v1/responses/{id}/input_items (cursor pagination)."""
+GET/DELETE /v1/responses/{id} and GET /v1/responses/{id}/input_items (cursor pagination).
+
+Each read or delete of an authenticated caller writes one audit line (``stored_response``): the
+action, tenant, key name, response id and result (found / not_found / deleted)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import structlog
 from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.api.common import error_response, json_response
+from gateway.engine.auth import Principal
 from gateway.engine.orchestrator import Gateway
 from gateway.kernel.errors import GatewayError, InvalidRequest, NotFound
+
+if TYPE_CHECKING:
+    from state.base import StoredResponse
+
+audit_log = structlog.get_logger("gateway.audit")
 
 
 def _not_found(response_id: str) -> NotFound:
     return NotFound(f"Response with id '{response_id}' not found.", param="response_id")
+
+
+async def _read(
+    request: Request, gw: Gateway, principal: Principal, response_id: str, action: str
+) -> StoredResponse:
+    """The caller's stored response (audited); ``NotFound`` when its tenant has none by that id."""
+    stored = await gw.store.get(principal.tenant, response_id)
+    _audit(request, action, principal, response_id, "not_found" if stored is None else "found")
+    if stored is None:
+        raise _not_found(response_id)
+    return stored
+
+
+def _audit(request: Request, action: str, principal: Principal, response_id: str, result: str) -> None:
+    audit_log.info(
+        "stored_response",
+        action=action,
+        tenant=principal.tenant,
+        key_name=principal.key_name,
+        response_id=response_id,
+        result=result,
+        request_id=request.headers.get("x-request-id"),
+    )
 
 
 async def get_response(request: Request) -> Response:
@@ -20,9 +55,7 @@ async def get_response(request: Request) -> Response:
     rid = request.path_params["response_id"]
     try:
         principal = gw.auth.authenticate(request.headers.get("authorization"))
-        stored = await gw.store.get(principal.tenant, rid)
-        if stored is None:
-            raise _not_found(rid)
+        stored = await _read(request, gw, principal, rid, "get")
     except GatewayError as err:
         return error_response(err)
     return json_response(stored.resource)
@@ -33,7 +66,9 @@ async def delete_response(request: Request) -> Response:
     rid = request.path_params["response_id"]
     try:
         principal = gw.auth.authenticate(request.headers.get("authorization"))
-        if not await gw.store.delete(principal.tenant, rid):
+        deleted = await gw.store.delete(principal.tenant, rid)
+        _audit(request, "delete", principal, rid, "deleted" if deleted else "not_found")
+        if not deleted:
             raise _not_found(rid)
     except GatewayError as err:
         return error_response(err)
@@ -58,9 +93,7 @@ async def list_input_items(request: Request) -> Response:
             raise InvalidRequest(
                 "'limit' must be an integer from 1 to 100.", param="limit", code="invalid_value"
             )
-        stored = await gw.store.get(principal.tenant, rid)
-        if stored is None:
-            raise _not_found(rid)
+        stored = await _read(request, gw, principal, rid, "list_input_items")
         items = list(stored.input_items)
         if order == "desc":
             items.reverse()

@@ -14,6 +14,9 @@ from gateway.kernel.settings import AuthSettings
 class Principal:
     tenant: str
     models: list[str] | None = None  # None: every model
+    # Names the key in log lines: "sha256:" and the first 12 hex digits of its SHA-256 digest (the
+    # same for a key configured plain or as a digest), never the key. None: auth is off.
+    key_name: str | None = None
 
 
 ANONYMOUS = Principal(tenant="default")
@@ -29,7 +32,9 @@ class Authenticator:
                 if k.key is not None
                 else bytes.fromhex(k.sha256 or "")
             )
-            self._by_digest[digest] = Principal(tenant=k.tenant, models=k.models)
+            self._by_digest[digest] = Principal(
+                tenant=k.tenant, models=k.models, key_name=f"sha256:{digest.hex()[:12]}"
+            )
 
     def authenticate(self, authorization: str | None) -> Principal:
         """``authorization`` is the raw ``Authorization`` header value."""
