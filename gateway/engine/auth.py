@@ -21,15 +21,11 @@ ANONYMOUS = Principal(tenant="default")
 
 class Authenticator:
     def __init__(self, settings: AuthSettings) -> None:
-        self.enabled = settings.api_keys is not None
-        self._by_digest: dict[bytes, Principal] = {}
-        for k in settings.api_keys or ():
-            digest = (
-                hashlib.sha256(k.key.get_secret_value().encode()).digest()
-                if k.key is not None
-                else bytes.fromhex(k.sha256 or "")
-            )
-            self._by_digest[digest] = Principal(tenant=k.tenant, models=k.models)
+        self.enabled = settings.enabled
+        # the settings refuse a key given twice, so no entry here overwrites another
+        self._by_digest: dict[bytes, Principal] = {
+            k.digest(): Principal(tenant=k.tenant, models=k.models) for k in settings.api_keys or ()
+        }
 
     def authenticate(self, authorization: str | None) -> Principal:
         """``authorization`` is the raw ``Authorization`` header value."""
