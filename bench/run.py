@@ -71,6 +71,7 @@ GATEWAY_MODELS: dict[str, str | tuple[str, str]] = {
     "bench-sse": f"fake-{SHORT_CHUNKS}",
     "bench-long": f"fake-{LONG_CHUNKS}",
     "bench-agent": f"fake-{AGENT_CHUNKS}",
+    "mock": ("mock", "mock"),  # the built-in model is served beside providers only when listed
 }
 for _kind, (_provider, _) in ADAPTER_PROVIDERS.items():  # the per-adapter stage
     GATEWAY_MODELS[f"adapter-{_kind}"] = (_provider, "fake")

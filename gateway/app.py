@@ -71,6 +71,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.gateway = gateway
         log.info(
             "gateway_started",
+            url=getattr(app.state, "url", None),  # set by the CLI, which knows where it listens
+            auth=gateway.auth.enabled,
             models=gateway.router.model_names(),
             store="redis" if settings.state.redis_url else "memory",
         )

@@ -1,4 +1,5 @@
-"""``python -m gateway serve [--config FILE] [--host H] [--port P]``."""
+"""``python -m gateway serve [--config FILE] [--host H] [--port P] [--log-level L]``,
+``python -m gateway check-config [--config FILE] [--host H]``, ``--version``."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ import socket
 import sys
 from typing import Any
 
+import structlog
 import uvicorn
 
-from gateway.kernel.settings import ConfigError, Settings, load_settings
-from gateway.logs import configure_logging
+from gateway import __version__
+from gateway.kernel.settings import ConfigError, Settings, listener_warnings, load_settings
+from gateway.logs import configure_logging, log_config_error
+
+log = structlog.get_logger("gateway.cli")
 
 WS_PING_INTERVAL = 20.0  # keepalive pings; a peer silent for interval + timeout is dropped
 WS_PING_TIMEOUT = 20.0
@@ -57,28 +62,71 @@ class GatewayServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def main(argv: list[str] | None = None) -> int:
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+
+
+def _parser() -> argparse.ArgumentParser:
+    config = argparse.ArgumentParser(add_help=False)
+    config.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML config file (default: $GATEWAY_CONFIG; without either, the built-in defaults)",
+    )
+    config.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        help="the address to listen on; any other than loopback needs auth.api_keys, or "
+        f"auth.anonymous: true (default: {DEFAULT_HOST})",
+    )
     parser = argparse.ArgumentParser(prog="openresponses-gateway", description="Open Responses gateway")
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the gateway")
-    serve.add_argument("--config", help="YAML config file (default: $GATEWAY_CONFIG, else built-in)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"])
-    sub.add_parser("check-config", help="validate the config and exit").add_argument("--config")
-    args = parser.parse_args(argv)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,check-config}")
+    serve = sub.add_parser("serve", parents=[config], help="run the gateway", description="Run the gateway.")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default: {DEFAULT_PORT})")
+    serve.add_argument(
+        "--log-level",
+        default=None,
+        choices=["debug", "info", "warning", "error"],
+        help="log level (default: the config's log.level, itself info by default)",
+    )
+    sub.add_parser(
+        "check-config",
+        parents=[config],
+        help="validate the config exactly as serve does, and exit",
+        description="Validate the config exactly as serve would (for the same --host), and exit: "
+        "0 when it is valid (warnings on stderr), 2 when it is not.",
+    )
+    return parser
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     try:
-        settings = load_settings(args.config)
+        settings = load_settings(args.config, host=args.host)
     except ConfigError as exc:
-        print(str(exc), file=sys.stderr)
+        if args.command == "serve":
+            log_config_error(str(exc))  # one JSON line, as every line a server writes
+        else:
+            print(str(exc), file=sys.stderr)
         return 2
+    warnings = listener_warnings(settings, args.host)
     if args.command == "check-config":
+        for field, message in warnings:
+            print(f"warning: {field}: {message}", file=sys.stderr)
         print("configuration ok")
         return 0
     configure_logging(args.log_level or settings.log.level, settings.log.json_logs)
+    for field, message in warnings:
+        log.warning("config_warning", field=field, detail=message)
     from gateway.app import create_app
 
     app = create_app(settings)
+    app.state.url = _url(args.host, args.port)
     config = uvicorn.Config(
         app,
         host=args.host,

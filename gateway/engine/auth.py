@@ -24,16 +24,13 @@ ANONYMOUS = Principal(tenant="default")
 
 class Authenticator:
     def __init__(self, settings: AuthSettings) -> None:
-        self.enabled = settings.api_keys is not None
+        self.enabled = settings.enabled
+        # the settings refuse a key given twice, so no entry here overwrites another
         self._by_digest: dict[bytes, Principal] = {}
         for k in settings.api_keys or ():
-            digest = (
-                hashlib.sha256(k.key.get_secret_value().encode()).digest()
-                if k.key is not None
-                else bytes.fromhex(k.sha256 or "")
-            )
+            digest = k.digest()
             self._by_digest[digest] = Principal(
-                tenant=k.tenant, models=k.models, key_name=f"sha256:{digest.hex()[:12]}"
+                tenant=k.tenant, models=k.models, key_name=k.name or f"sha256:{digest.hex()[:12]}"
             )
 
     def authenticate(self, authorization: str | None) -> Principal:

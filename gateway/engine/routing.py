@@ -31,7 +31,7 @@ class Router:
         self.providers: dict[str, ProviderSettings] = dict(settings.provider_table())
         self.adapters: dict[str, Adapter] = {name: create_adapter(p) for name, p in self.providers.items()}
         self.routes: dict[str, ModelRoute] = dict(settings.models)
-        if "mock" not in self.routes and "mock" in self.providers:
+        if "mock" not in self.routes and settings.serves_mock_model(self.providers):
             self.routes["mock"] = ModelRoute(provider="mock", upstream_model="mock")
 
     def resolve(self, model: str, allowed: list[str] | None = None) -> Route:

@@ -9,12 +9,26 @@ named by ``api_key_env`` here too).
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
+import ipaddress
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 ProviderKind = Literal["mock", "openai-chat", "openai-responses", "anthropic", "gemini"]
@@ -34,6 +48,79 @@ _AUTO_PROVIDERS: tuple[tuple[str, ProviderKind, str], ...] = (
 )
 
 
+AES_KEY_SIZES = (16, 24, 32)
+
+
+class _Problems(ValueError):
+    """What a validator below raises: each problem with its field path, relative to where it is
+    raised (pydantic's ``loc`` of a model validator is the model, not the field)."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        super().__init__("; ".join(f"{path}: {msg}" if path else msg for path, msg in problems))
+        self.problems = problems
+
+
+def _invalid(message: str) -> _Problems:
+    return _Problems([("", message)])
+
+
+def _check_url(url: str, schemes: tuple[str, ...]) -> str:
+    """``url`` if its scheme is one of ``schemes`` and it names a host (a path, for ``unix://``)
+    and a valid port. The messages never repeat the URL: it may hold a password."""
+    parts = urlsplit(url)
+    if parts.scheme not in schemes:
+        raise _invalid(f"the URL must start with one of {', '.join(f'{s}://' for s in schemes)}")
+    try:
+        parts.port  # noqa: B018  (reading it parses it)
+    except ValueError:
+        raise _invalid("the URL's port is not a number from 0 to 65535") from None
+    if not (parts.path if parts.scheme == "unix" else parts.hostname):
+        raise _invalid(f"the URL names no {'socket path' if parts.scheme == 'unix' else 'host'}")
+    return url
+
+
+def _secret_url(schemes: tuple[str, ...]) -> AfterValidator:
+    def check(value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            _check_url(value.get_secret_value(), schemes)
+        return value
+
+    return AfterValidator(check)
+
+
+def decode_aes_key(text: str) -> bytes:
+    """A configured AES key: standard or URL-safe base64 of 16, 24 or 32 bytes (ValueError if not)."""
+    raw = text.strip()
+    try:
+        key = base64.b64decode(raw.replace("-", "+").replace("_", "/") + "=" * (-len(raw) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("not valid base64") from None
+    if len(key) not in AES_KEY_SIZES:
+        raise ValueError(f"an AES key must be 16, 24 or 32 bytes (got {len(key)})")
+    return key
+
+
+def _aes_key(value: SecretStr) -> SecretStr:
+    try:
+        decode_aes_key(value.get_secret_value())
+    except ValueError as exc:
+        raise _invalid(str(exc)) from None
+    return value
+
+
+AesKey = Annotated[SecretStr, AfterValidator(_aes_key)]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a listen address) is reachable only from this machine."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -45,22 +132,53 @@ class ApiKey(_Strict):
     sha256: str | None = None
     tenant: str
     models: list[str] | None = None  # None: every model
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:-]{1,64}$")  # in logs, never the key
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex_digest(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                ok = len(bytes.fromhex(value)) == 32 and len(value) == 64
+            except ValueError:
+                ok = False
+            if not ok:
+                raise _invalid("must be a 64-character hex digest (SHA-256 of the key)")
+        return value
 
     @model_validator(mode="after")
     def _one_form(self) -> ApiKey:
         if (self.key is None) == (self.sha256 is None):
-            raise ValueError("give exactly one of 'key' or 'sha256'")
-        if self.sha256 is not None and len(self.sha256) != 64:
-            raise ValueError("'sha256' must be a 64-character hex digest")
+            raise _invalid("give exactly one of 'key' or 'sha256'")
         return self
+
+    def digest(self) -> bytes:
+        """The SHA-256 of the key, whichever form it was given in."""
+        if self.key is not None:
+            return hashlib.sha256(self.key.get_secret_value().encode()).digest()
+        return bytes.fromhex(self.sha256 or "")
 
 
 class AuthSettings(_Strict):
-    api_keys: list[ApiKey] | None = None  # None: no auth (local use), every request is tenant "default"
+    # None: no client keys, every request is tenant "default" (local use: on a non-loopback
+    # address the gateway then refuses to start unless ``anonymous`` is true)
+    api_keys: list[ApiKey] | None = None
+    anonymous: bool = False  # serve without client keys on any address, on purpose
+
+    @property
+    def enabled(self) -> bool:
+        return self.api_keys is not None
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> AuthSettings:
+        if self.anonymous and self.api_keys is not None:
+            raise _Problems([("anonymous", "true contradicts api_keys: give one or the other")])
+        return self
 
 
 class StateSettings(_Strict):
-    redis_url: SecretStr | None = None  # None: in-process store
+    # None: in-process store
+    redis_url: Annotated[SecretStr | None, _secret_url(("redis", "rediss", "unix"))] = None
     key_prefix: str = "orgw"
     ttl_seconds: int = Field(default=30 * 24 * 3600, ge=1)
     memory_max_entries: int = Field(default=10_000, ge=1)
@@ -95,12 +213,18 @@ class ProviderSettings(_Strict):
     headers: dict[str, str] = {}
     pass_through: bool = True  # "provider/model" names route here without a models: entry
     max_connections: int = Field(default=200, ge=1)
-    proxy: SecretStr | None = None  # http://[user:pass@]host:port for upstream calls (none: direct)
+    # http://[user:pass@]host:port for upstream calls (none: direct)
+    proxy: Annotated[SecretStr | None, _secret_url(("http", "https"))] = None
     # anthropic
     anthropic_version: str = "2023-06-01"
     default_max_tokens: int = Field(default=4096, ge=1)
     # mock: chunk size of streamed text, in characters
     chunk_chars: int = Field(default=4, ge=1)
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, value: str | None) -> str | None:
+        return None if value is None else _check_url(value, ("http", "https"))
 
     def resolved_base_url(self) -> str:
         return (self.base_url or DEFAULT_BASE_URLS.get(self.kind, "")).rstrip("/")
@@ -144,7 +268,7 @@ class CompactionSettings(_Strict):
     model's ``context_window``. System/developer messages are always kept and count against it first.
     ``keep_recent_items`` optionally also caps how many items that tail may hold."""
 
-    keys: list[SecretStr] = []  # base64 AES keys; first encrypts, all decrypt. Empty: a per-process key
+    keys: list[AesKey] = []  # base64 AES keys; first encrypts, all decrypt. Empty: a per-process key
     keep_recent_tokens: int | None = Field(default=None, ge=0)  # absolute, for every model
     keep_recent_fraction: float = Field(default=0.15, ge=0, le=1)  # of context_window, when no tokens
     keep_recent_items: int | None = Field(default=None, ge=0)  # an upper bound; None: no count limit
@@ -206,6 +330,37 @@ class Settings(BaseSettings):
         table.update(self.providers)
         return table
 
+    def serves_mock_model(self, table: dict[str, ProviderSettings] | None = None) -> bool:
+        """The built-in model ``mock`` is served when ``models:`` lists it, or when there is no other
+        provider (none configured, none found in the environment): a real deployment never offers it
+        by accident. ``table``: the ``provider_table()`` already computed."""
+        return "mock" in self.models or set(table or self.provider_table()) == {"mock"}
+
+    def routes_model(self, name: str, table: dict[str, ProviderSettings] | None = None) -> bool:
+        """Whether a request for ``name`` has a route: a ``models:`` entry, the built-in ``mock``
+        when it is served, or ``provider/model`` for a pass-through provider."""
+        table = table or self.provider_table()
+        if name in self.models:
+            return True
+        if name == "mock":
+            return self.serves_mock_model(table)
+        provider, sep, upstream = name.partition("/")
+        p = table.get(provider)
+        return bool(sep and upstream and p is not None and p.pass_through and p.kind != "mock")
+
+    def warnings(self) -> list[tuple[str, str]]:
+        """What is valid but probably not meant, as (field path, message)."""
+        found = []
+        for name, p in self.providers.items():
+            if p.api_key is None and p.api_key_env and not os.environ.get(p.api_key_env):
+                found.append(
+                    (
+                        f"providers.{name}.api_key_env",
+                        f"the variable {p.api_key_env} is not set: calls to this provider send no key",
+                    )
+                )
+        return found
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -219,13 +374,30 @@ class Settings(BaseSettings):
         return (init_settings, env_settings, _YamlSource(settings_cls, path))
 
     @model_validator(mode="after")
-    def _routes_name_providers(self) -> Settings:
+    def _names_resolve(self) -> Settings:
+        """Every provider a route names, every fallback and every model of an allow-list exists;
+        no key is given twice (to one tenant or two: the last would silently win)."""
+        table = self.provider_table()
+        problems = []
+        keys = self.auth.api_keys or []
+        seen: dict[bytes, int] = {}
+        for i, k in enumerate(keys):
+            first = seen.setdefault(k.digest(), i)
+            if first != i:
+                owner = keys[first].tenant
+                why = f"the same key as auth.api_keys.{first} (tenant '{owner}'): a key names one tenant"
+                problems.append((f"auth.api_keys.{i}", why))
+            for j, model in enumerate(k.models or ()):
+                if not self.routes_model(model, table):
+                    problems.append((f"auth.api_keys.{i}.models.{j}", f"unknown model '{model}'"))
         for name, route in self.models.items():
             if route.provider not in self.providers and route.provider != "mock":
-                raise ValueError(f"models.{name}.provider: unknown provider '{route.provider}'")
-            for fb in route.fallbacks:
-                if fb not in self.models:
-                    raise ValueError(f"models.{name}.fallbacks: unknown model '{fb}'")
+                problems.append((f"models.{name}.provider", f"unknown provider '{route.provider}'"))
+            for i, fb in enumerate(route.fallbacks):
+                if not self.routes_model(fb, table):
+                    problems.append((f"models.{name}.fallbacks.{i}", f"unknown model '{fb}'"))
+        if problems:
+            raise _Problems(problems)
         return self
 
 
@@ -233,20 +405,64 @@ class ConfigError(Exception):
     """A config file or environment that does not validate; the message names the field."""
 
 
-def load_settings(config_path: str | None = None, **overrides: Any) -> Settings:
-    """Load and validate. Raises ConfigError naming each bad field."""
-    if config_path is not None:
-        os.environ["GATEWAY_CONFIG_FILE_OVERRIDE"] = config_path
+def _error_lines(exc: ValidationError) -> list[str]:
+    lines = []
+    for e in exc.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        error = (e.get("ctx") or {}).get("error")
+        for path, msg in error.problems if isinstance(error, _Problems) else [("", e["msg"])]:
+            lines.append(f"  {'.'.join(p for p in (loc, path) if p) or 'config'}: {msg}")
+    return lines
+
+
+def _validate(**overrides: Any) -> Settings:
     try:
         return Settings(**overrides)
     except ValidationError as exc:
-        lines = []
-        for e in exc.errors():
-            loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-            lines.append(f"  {loc}: {e['msg']}")
-        raise ConfigError("invalid configuration:\n" + "\n".join(lines)) from None
+        raise ConfigError("invalid configuration:\n" + "\n".join(_error_lines(exc))) from None
     except (OSError, yaml.YAMLError, ValueError) as exc:
         raise ConfigError(f"invalid configuration: {exc}") from None
+
+
+def load_settings(config_path: str | None = None, *, host: str | None = None, **overrides: Any) -> Settings:
+    """Load and validate. Raises ConfigError naming each bad field.
+
+    ``host``: the address it will listen on. On one that is not loopback, a config without client
+    keys (``auth.api_keys``) is refused unless ``auth.anonymous`` is true, and then the provider keys
+    found in the environment (``auto_providers``) are not used."""
+    if config_path is not None:
+        os.environ["GATEWAY_CONFIG_FILE_OVERRIDE"] = config_path
+    try:
+        settings = _validate(**overrides)
+        if host is None or is_loopback(host) or settings.auth.enabled:
+            return settings
+        if not settings.auth.anonymous:
+            raise ConfigError(
+                f"refusing to serve on {host} without client keys: anyone who can reach it could spend "
+                "the providers' keys. Give keys under auth.api_keys in the config file (auth: {api_keys: "
+                "[{key: <secret>, tenant: <name>}]}) or in GATEWAY_AUTH__API_KEYS (JSON), or set "
+                "auth.anonymous: true (GATEWAY_AUTH__ANONYMOUS=true) to serve without keys on purpose."
+            )
+        if settings.auto_providers and not settings.providers:
+            settings = _validate(**{**overrides, "auto_providers": False})
+        return settings
     finally:
         if config_path is not None:
             os.environ.pop("GATEWAY_CONFIG_FILE_OVERRIDE", None)
+
+
+def listener_warnings(settings: Settings, host: str) -> list[tuple[str, str]]:
+    """``settings.warnings()`` and, for an anonymous gateway on a non-loopback address, that."""
+    found = settings.warnings()
+    if not is_loopback(host) and not settings.auth.enabled:
+        unused = (
+            [env for _, _, env in _AUTO_PROVIDERS if os.environ.get(env)] if not settings.providers else []
+        )
+        note = f"; {', '.join(unused)} from the environment not used here" if unused else ""
+        found.append(
+            (
+                "auth.anonymous",
+                f"serving on {host} without client keys: anyone who can reach it can use it{note}",
+            )
+        )
+    return found

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -28,10 +29,32 @@ def parse_sse(raw: bytes) -> list[tuple[str, str]]:
     return frames
 
 
-def serve_cli(port: int, **popen: Any) -> subprocess.Popen[Any]:
-    """``python -m gateway serve --port PORT`` from the repository root (``popen``: env, pipes)."""
+# variables that change what the gateway serves: none of them leaks in from the test runner's environment
+PROVIDER_KEY_VARS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY")
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """This environment without GATEWAY_* and provider key variables, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_") and k not in PROVIDER_KEY_VARS}
+    return {**env, **extra}
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m gateway ARGS`` to its end (``env``: added to this environment)."""
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def serve_cli(port: int, *args: str, **popen: Any) -> subprocess.Popen[Any]:
+    """``python -m gateway serve --port PORT ARGS`` from the repository root (``popen``: env, pipes)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--port", str(port)], cwd=ROOT, **popen
+        [sys.executable, "-m", "gateway", "serve", "--port", str(port), *args], cwd=ROOT, **popen
     )
 
 

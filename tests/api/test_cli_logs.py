@@ -3,26 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 
-from tests.api.helpers import ROOT, serve_cli, wait_until_up
+from tests.api.helpers import run_cli, serve_cli, wait_until_up
 from tests.harness import free_port
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def test_bad_config_names_the_field(tmp_path: Path) -> None:

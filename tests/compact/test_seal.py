@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from compact.seal import Sealer, decode_key, key_id
 from gateway.kernel.errors import InvalidEncryptedContent
-from gateway.kernel.settings import CompactionSettings, ConfigError
+from gateway.kernel.settings import CompactionSettings, ConfigError, load_settings
 
 K1 = bytes(range(32))
 K2 = bytes(range(100, 132))
@@ -137,8 +137,12 @@ def test_aes_key_sizes(size: int) -> None:
     [("not base64!", "not valid base64"), (base64.b64encode(b"short").decode(), "16, 24 or 32 bytes")],
 )
 def test_bad_keys_fail_start_up_naming_the_field(text: str, says: str) -> None:
+    # the settings refuse them (check-config and serve alike), before any Sealer is built
+    with pytest.raises(ConfigError, match=r"compaction\.keys\.1: ") as info:
+        load_settings(compaction={"keys": [base64.b64encode(K1).decode(), text]})
+    assert says in str(info.value)
     with pytest.raises(ConfigError, match=r"compaction\.keys\[1\]") as info:
-        Sealer.from_settings(CompactionSettings(keys=[base64.b64encode(K1).decode(), text]))
+        decode_key(text, "compaction.keys[1]")
     assert says in str(info.value)
 
 

@@ -35,6 +35,7 @@ def test_every_adapter_answers_through_the_standalone_fakes(tmp_path: Path) -> N
             "via-openai-responses",
             "via-anthropic",
             "via-gemini",
+            "mock",
         }
         with serve_gateway(settings) as gw:
             with httpx.Client(base_url=gw.base_url, timeout=20) as c:

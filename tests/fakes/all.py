@@ -4,8 +4,8 @@
     python -m gateway serve --config /tmp/fakes.yaml --port 8080
 
 Models ``via-openai-chat``, ``via-openai-responses``, ``via-anthropic`` and ``via-gemini`` then reach
-the fakes in their own wire formats (``mock`` stays built in): what the official compliance suite or
-a client SDK needs to exercise every adapter without a paid provider.
+the fakes in their own wire formats (``mock`` is listed, so it stays served beside them): what the
+official compliance suite or a client SDK needs to exercise every adapter without a paid provider.
 """
 
 from __future__ import annotations
@@ -39,7 +39,11 @@ def gateway_config(base_urls: dict[str, str]) -> dict[str, Any]:
             for kind, url in base_urls.items()
         },
         "models": {
-            f"via-{kind}": {"provider": f"fake-{kind}", "upstream_model": "fake-model"} for kind in base_urls
+            **{
+                f"via-{kind}": {"provider": f"fake-{kind}", "upstream_model": "fake-model"}
+                for kind in base_urls
+            },
+            "mock": {"provider": "mock"},  # the built-in model is served beside providers only if listed
         },
     }
 
