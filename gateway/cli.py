@@ -10,6 +10,7 @@ from typing import Any
 
 import uvicorn
 
+from gateway.api.server_protocol import bounded_protocol
 from gateway.kernel.settings import ConfigError, Settings, load_settings
 from gateway.logs import configure_logging
 
@@ -30,6 +31,12 @@ def uvicorn_ws_options(settings: Settings) -> dict[str, Any]:
         "ws_ping_timeout": WS_PING_TIMEOUT,
         "ws_per_message_deflate": False,
     }
+
+
+def uvicorn_http_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's HTTP/1.1 protocol with the gateway's read bounds (gateway/api/server_protocol.py):
+    the request head capped (431), head and body read timeouts (408)."""
+    return {"http": bounded_protocol(settings.limits)}
 
 
 class GatewayServer(uvicorn.Server):
@@ -87,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         access_log=False,
         timeout_graceful_shutdown=int(settings.limits.ws_drain_seconds) or None,
         lifespan="on",
+        **uvicorn_http_options(settings),
         **uvicorn_ws_options(settings),
     )
     GatewayServer(config, app, settings.limits.ws_drain_seconds).run()
