@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 
 import structlog
@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Match, Route
 from starlette.types import Receive, Scope, Send
 
 from compact.opener import Opener
@@ -48,7 +49,10 @@ class GatewayApp(FastAPI):
     ASGI handler, skipping the middleware stack's per-``send`` wrappers (each SSE event is a send)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in HOT_PATHS:
+        if scope["type"] == "http" and scope["path"] in HOT_PATHS:
+            if scope["method"] != "POST":  # (a WebSocket upgrade is a "websocket" scope)
+                await method_not_allowed(scope["method"], ("POST",))(scope, receive, send)
+                return
             scope["app"] = self
             try:
                 await http.create_response(scope, receive, send)
@@ -60,6 +64,22 @@ class GatewayApp(FastAPI):
                     )
             return
         await super().__call__(scope, receive, send)
+
+
+def method_not_allowed(method: str, allowed: Iterable[str]) -> Response:
+    """405 with the ``Allow`` header RFC 9110 requires."""
+    err = InvalidRequest(f"Method {method} is not allowed here.", code="method_not_allowed")
+    err.status = 405
+    return error_response(err, {"allow": ", ".join(allowed)})
+
+
+def allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
+    """The methods of every route on the request's path (Starlette's 405 names only the first's)."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        if isinstance(route, Route) and route.methods and route.matches(scope)[0] is not Match.NONE:
+            methods |= route.methods
+    return sorted(methods)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -106,11 +126,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if exc.status_code == 404:
             return error_response(NotFound(f"No route for {request.method} {request.url.path}."))
         if exc.status_code == 405:
-            err: GatewayError = InvalidRequest(
-                f"Method {request.method} is not allowed here.", code="method_not_allowed"
-            )
-            err.status = 405
-            return error_response(err)
+            return method_not_allowed(request.method, allowed_methods(app, request.scope))
         err = GatewayError(str(exc.detail))
         err.status = exc.status_code
         return error_response(err)

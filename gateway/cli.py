@@ -13,6 +13,7 @@ import structlog
 import uvicorn
 
 from gateway import __version__
+from gateway.api.server_protocol import BoundedReads, bounded_protocol
 from gateway.kernel.settings import ConfigError, Settings, listener_warnings, load_settings
 from gateway.logs import configure_logging, log_config_error
 
@@ -37,10 +38,22 @@ def uvicorn_ws_options(settings: Settings) -> dict[str, Any]:
     }
 
 
+def uvicorn_http_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's HTTP/1.1 protocol with the gateway's read bounds (gateway/api/server_protocol.py):
+    the request head capped (431), head and body read timeouts (408)."""
+    return {"http": bounded_protocol(settings.limits)}
+
+
 class GatewayServer(uvicorn.Server):
-    """uvicorn's server, except that on shutdown (SIGTERM) it stops accepting, then lets open
-    WebSockets finish their in-flight turn within ``ws_drain_seconds`` and closes them with 1001
-    (plain uvicorn would cut them at once with 1012)."""
+    """uvicorn's server, except for shutdown (SIGTERM), which ``drain_seconds`` bounds as a whole:
+    it stops accepting and closes idle HTTP connections; WebSockets finish their in-flight turn and
+    close with 1001 (plain uvicorn would cut them at once with 1012); HTTP requests in flight (SSE
+    streams too) may finish. At the deadline, or on a second Ctrl-C, what is left is cut: turns are
+    cancelled (a peer that reads still gets its 1001), then every connection is aborted, so a client
+    that does not read holds neither the exit nor the handler behind it."""
+
+    CUT_SECONDS = 0.5  # after the deadline, for close frames; then again for the handlers to end
+    GRACE_SECONDS = 1  # uvicorn's own wait after that (timeout_graceful_shutdown): a stuck handler
 
     def __init__(self, config: uvicorn.Config, app: Any, drain_seconds: float) -> None:
         super().__init__(config)
@@ -48,18 +61,40 @@ class GatewayServer(uvicorn.Server):
         self.drain_seconds = drain_seconds
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.drain_seconds
         for server in self.servers:
             server.close()
         for sock in sockets or []:
             sock.close()
+        state = self.server_state
+        for conn in list(state.connections):
+            if isinstance(conn, BoundedReads):
+                conn.shutdown()  # idle: closed now; answering: closed after the response
         hub = self.gateway_app.state.ws_hub
         drain = asyncio.ensure_future(hub.drain(self.drain_seconds))
-        while not drain.done() and not self.force_exit:  # a second Ctrl-C cuts the drain short
-            await asyncio.wait((drain,), timeout=0.1)
-        if not drain.done():
-            await hub.drain(0)
-            drain.cancel()
+        if not await self._settle(deadline):
+            # The hub cancels the turns still running at its deadline; a second Ctrl-C cuts at once.
+            log.warning("shutdown_cut", handlers=len(state.tasks), connections=len(state.connections))
+            cut = asyncio.ensure_future(hub.drain(0)) if self.force_exit else drain
+            await asyncio.wait((cut,), timeout=self.CUT_SECONDS)
+            cut.cancel()
+            for conn in list(state.connections):
+                conn.transport.abort()  # blocked writes return, handlers see the client gone
+            await self._settle(loop.time() + self.CUT_SECONDS)
+        drain.cancel()
         await super().shutdown(sockets)
+
+    async def _settle(self, until: float) -> bool:
+        """Wait for the handlers in flight (HTTP requests, WebSockets) until ``until`` or a second
+        Ctrl-C; whether none is left."""
+        loop = asyncio.get_running_loop()
+        while tasks := self.server_state.tasks:
+            left = until - loop.time()
+            if left <= 0 or self.force_exit:
+                return False
+            await asyncio.wait(set(tasks), timeout=min(left, 0.1))  # 0.1: to see a second Ctrl-C
+        return True
 
 
 DEFAULT_HOST = "127.0.0.1"
@@ -133,8 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port,
         log_level="warning",
         access_log=False,
-        timeout_graceful_shutdown=int(settings.limits.ws_drain_seconds) or None,
+        timeout_graceful_shutdown=GatewayServer.GRACE_SECONDS,
         lifespan="on",
+        **uvicorn_http_options(settings),
         **uvicorn_ws_options(settings),
     )
     GatewayServer(config, app, settings.limits.ws_drain_seconds).run()

@@ -259,7 +259,12 @@ class Limits(_Strict):
     ws_connection_seconds: float = Field(default=3600.0, gt=0)
     ws_queue_size: int = Field(default=16, ge=1)
     ws_cache_entries: int = Field(default=8, ge=1)
+    # on SIGTERM, in-flight WebSocket turns and HTTP responses get this long; then they are cut
     ws_drain_seconds: float = Field(default=10.0, ge=0)
+    # the request line and headers, through the blank line (-> 431)
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    header_read_seconds: float = Field(default=10.0, gt=0)  # a whole head, from its first byte (-> 408)
+    body_read_seconds: float = Field(default=10.0, gt=0)  # a whole body, from the end of its head (-> 408)
 
 
 class CompactionSettings(_Strict):

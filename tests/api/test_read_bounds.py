@@ -1,0 +1,196 @@
+"""The read bounds of an HTTP connection, over raw sockets: the request head is capped (431), a head
+and a body must arrive in time (408), a silent connection is closed. Served by the real CLI
+(httptools) and, in-process, over uvicorn's h11 protocol with the same bounds."""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+
+import orjson
+import pytest
+
+from gateway.api.server_protocol import H11Bounded, bounded_protocol
+from gateway.app import create_app
+from gateway.kernel.settings import Settings
+from tests.api.helpers import serve_cli, wait_until_up
+from tests.harness import ServedApp, free_port
+
+MAX_HEAD = 16 * 1024
+LIMITS = {"max_header_bytes": MAX_HEAD, "header_read_seconds": 0.5, "body_read_seconds": 0.5}
+WAIT = 10.0  # the most any answer here may take (the timeouts are 0.5 s)
+
+
+@pytest.fixture(scope="module", params=["cli-httptools", "h11"])
+def port(request: pytest.FixtureRequest) -> Iterator[int]:
+    if request.param == "h11":
+        settings = Settings(limits=LIMITS)
+        served = ServedApp(create_app(settings), http=bounded_protocol(settings.limits, H11Bounded)).start()
+        try:
+            yield served.port
+        finally:
+            served.stop()
+        return
+    port = free_port()
+    env = {**os.environ, **{f"GATEWAY_LIMITS__{k.upper()}": str(v) for k, v in LIMITS.items()}}
+    proc = serve_cli(port, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until_up(proc, port)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def connect(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=WAIT)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """One response (a content-length or a chunked body): (status, headers, body)."""
+    raw = b""
+
+    def more() -> None:
+        nonlocal raw
+        chunk = sock.recv(65536)
+        assert chunk, f"closed without a (whole) response: {raw!r}"
+        raw += chunk
+
+    def until(done: bytes) -> None:
+        while done not in raw:
+            more()
+
+    until(b"\r\n\r\n")
+    head, _, raw = raw.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    if headers.get("transfer-encoding") == "chunked":
+        until(b"0\r\n\r\n")  # the bodies here are JSON: the terminator cannot occur inside
+        body = b""
+        while (size := int(raw[: raw.index(b"\r\n")], 16)) > 0:
+            start = raw.index(b"\r\n") + 2
+            body, raw = body + raw[start : start + size], raw[start + size + 2 :]
+        return int(lines[0].split()[1]), headers, body
+    while len(raw) < int(headers["content-length"]):
+        more()
+    return int(lines[0].split()[1]), headers, raw
+
+
+def assert_closed(sock: socket.socket) -> None:
+    """The server closes: EOF (or a reset) within WAIT seconds, whatever we still send."""
+    deadline = time.monotonic() + WAIT
+    try:
+        while sock.recv(65536):
+            assert time.monotonic() < deadline, "the connection stayed open"
+    except ConnectionResetError:
+        pass
+
+
+def assert_error(response: tuple[int, dict[str, str], bytes], status: int, code: str) -> None:
+    got, headers, body = response
+    assert got == status
+    assert headers["connection"] == "close" and headers["content-type"] == "application/json"
+    error = orjson.loads(body)["error"]
+    assert set(error) == {"type", "code", "message", "param"}
+    assert error["type"] == "invalid_request_error" and error["code"] == code and error["message"]
+
+
+def healthz_head(size: int) -> bytes:
+    """A ``GET /healthz`` head of exactly ``size`` bytes, blank line included."""
+    head = b"GET /healthz HTTP/1.1\r\nHost: t\r\nX-Pad: "
+    return head + b"a" * (size - len(head) - 4) + b"\r\n\r\n"
+
+
+def test_the_request_head_is_capped(port: int) -> None:
+    # Exactly at the cap, in two reads split inside the blank line: served.
+    with connect(port) as sock:
+        head = healthz_head(MAX_HEAD)
+        sock.sendall(head[:-2])
+        time.sleep(0.05)
+        sock.sendall(head[-2:])
+        assert read_response(sock)[0] == 200
+    # One byte more: 431 with the error body, then the connection closes.
+    with connect(port) as sock:
+        sock.sendall(healthz_head(MAX_HEAD + 1))
+        response = read_response(sock)
+        assert_error(response, 431, "request_headers_too_large")
+        assert str(MAX_HEAD) in orjson.loads(response[2])["error"]["message"]
+        assert_closed(sock)
+    # A head that never ends, sent in small pieces: refused once the count passes the cap.
+    with connect(port) as sock:
+        sock.sendall(b"POST /v1/responses HTTP/1.1\r\nHost: t\r\n")
+        for _ in range(4 * MAX_HEAD // 1024):
+            try:
+                sock.sendall(b"X-Pad: " + b"a" * 1015 + b"\r\n")
+            except OSError:
+                break
+            if select.select([sock], [], [], 0)[0]:
+                break
+        assert_error(read_response(sock), 431, "request_headers_too_large")
+        assert_closed(sock)
+    # Bodies do not count: a head, a body of twice the cap and the start of a pipelined head in one
+    # write, then the rest of that head: both requests are served.
+    with connect(port) as sock:
+        body = orjson.dumps({"model": "mock", "input": "x" * 2 * MAX_HEAD, "store": False})
+        first = b"POST /v1/responses HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        second = healthz_head(MAX_HEAD - 1024)
+        sock.sendall(first + second[:100])
+        time.sleep(0.05)
+        sock.sendall(second[100:])
+        assert read_response(sock)[0] == 200
+        assert read_response(sock)[0] == 200
+    # A head over the cap followed by a body in the same read: refused, not parsed.
+    with connect(port) as sock:
+        body = b'{"model": "mock", "input": "hi"}'
+        big = b"POST /v1/responses HTTP/1.1\r\nHost: t\r\nX-Pad: " + b"a" * 2 * MAX_HEAD
+        sock.sendall(big + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        assert_error(read_response(sock), 431, "request_headers_too_large")
+
+
+def test_a_head_must_arrive_in_time(port: int) -> None:
+    with connect(port) as sock:
+        # Requests that arrive whole are served however long the connection idles between them
+        # (within the keep-alive timeout): the head timer runs only while a head is incomplete.
+        for pause in (0.8, 0.0):
+            sock.sendall(healthz_head(200))
+            assert read_response(sock)[0] == 200
+            time.sleep(pause)
+        sock.sendall(b"POST /v1/responses HTTP/1.1\r\nHost: t\r\nContent-Ty")
+        assert_error(read_response(sock), 408, "request_timeout")
+        assert_closed(sock)
+    # Trickling does not reset the clock: the whole head is due in header_read_seconds.
+    with connect(port) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\n")
+        for _ in range(int(WAIT / 0.1)):
+            sock.sendall(b"X-A: b\r\n")
+            if select.select([sock], [], [], 0.1)[0]:
+                break
+        assert_error(read_response(sock), 408, "request_timeout")
+        assert_closed(sock)
+
+
+@pytest.mark.parametrize("trickle", [False, True], ids=["stalled", "trickled"])
+def test_a_body_must_arrive_in_time(port: int, trickle: bool) -> None:
+    body = orjson.dumps({"model": "mock", "input": "hi " * 100, "store": False})
+    head = b"POST /v1/responses HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+    with connect(port) as sock:
+        sock.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        assert read_response(sock)[0] == 200  # a whole body: served
+        sock.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body[:10])
+        for i in range(10, len(body) if trickle else 10):
+            sock.sendall(body[i : i + 1])
+            if select.select([sock], [], [], 0.05)[0]:
+                break
+        assert_error(read_response(sock), 408, "request_timeout")
+        assert_closed(sock)
+
+
+def test_a_silent_connection_is_closed(port: int) -> None:
+    with connect(port) as sock:
+        assert_closed(sock)
