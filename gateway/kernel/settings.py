@@ -125,14 +125,11 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ApiKey(_Strict):
-    """One client key. Give ``key`` (plain) or ``sha256`` (hex digest of the key), and a tenant."""
+class KeyRef(_Strict):
+    """A key given as ``key`` (plain) or ``sha256`` (hex digest of the key): exactly one."""
 
     key: SecretStr | None = None
     sha256: str | None = None
-    tenant: str
-    models: list[str] | None = None  # None: every model
-    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:-]{1,64}$")  # in logs, never the key
 
     @field_validator("sha256")
     @classmethod
@@ -147,7 +144,7 @@ class ApiKey(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _one_form(self) -> ApiKey:
+    def _one_form(self) -> KeyRef:
         if (self.key is None) == (self.sha256 is None):
             raise _invalid("give exactly one of 'key' or 'sha256'")
         return self
@@ -157,6 +154,50 @@ class ApiKey(_Strict):
         if self.key is not None:
             return hashlib.sha256(self.key.get_secret_value().encode()).digest()
         return bytes.fromhex(self.sha256 or "")
+
+
+class KeyLimits(_Strict):
+    """Fair-use limits of one API key (None: no limit of that kind). A key's and its tenant's
+    limits both apply; the stricter wins."""
+
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+    concurrent_requests: int | None = Field(default=None, ge=1)  # in-flight HTTP requests + WS turns
+
+
+class TenantLimits(KeyLimits):
+    websocket_connections: int | None = Field(default=None, ge=1)  # open sockets
+
+
+class Budget(_Strict):
+    tokens: int = Field(ge=1)  # input + output tokens per period
+    period: Literal["day", "month"] = "day"  # UTC
+
+
+class TenantSettings(_Strict):
+    limits: TenantLimits = TenantLimits()
+    budget: Budget | None = None
+    retention: Literal["standard", "none"] = "standard"  # none: no conversation content persisted
+    models: list[str] | None = None  # an allow-list for every key of the tenant (None: all)
+
+
+class ApiKey(KeyRef):
+    """One client key of a tenant."""
+
+    tenant: str
+    models: list[str] | None = None  # None: every model
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:-]{1,64}$")  # in logs, never the key
+    limits: KeyLimits = KeyLimits()
+
+
+class AdminKey(KeyRef):
+    """A key that may read every tenant's usage (and reload the config)."""
+
+    name: str = Field(default="admin", pattern=r"^[A-Za-z0-9._:-]{1,64}$")
+
+
+class AdminSettings(_Strict):
+    api_keys: list[AdminKey] = []
 
 
 class AuthSettings(_Strict):
@@ -320,6 +361,8 @@ class Settings(BaseSettings):
     providers: dict[str, ProviderSettings] = {}
     models: dict[str, ModelRoute] = {}
     limits: Limits = Limits()
+    tenants: dict[str, TenantSettings] = {}
+    admin: AdminSettings = AdminSettings()
     compaction: CompactionSettings = CompactionSettings()
     log: LogSettings = LogSettings()
     auto_providers: bool = True  # register openai/anthropic/gemini from OPENAI_API_KEY etc.
