@@ -54,17 +54,19 @@ async def create_response(scope: Scope, receive: Receive, send: Send) -> None:
         rlog.routed = True
         turn.on_end(lambda result: rlog.turn_ended(metrics, result))
         extra = [(b"x-request-id", rlog.request_id.encode())]
-        stalls: StallWatch = request.app.state.stall_watch
-        stalls.add(watch)
         try:
             if body.stream:
-                await _stream_sse(turn, extra, send, watch)
+                stalls: StallWatch = request.app.state.stall_watch
+                stalls.add(watch)
+                try:
+                    await _stream_sse(turn, extra, send, watch)
+                finally:
+                    stalls.discard(watch)
             else:
-                await _send_json(turn, extra, send, watch)
+                # sent once the upstream call is over: a client that does not read it pins nothing
+                await _send_json(turn, extra, send)
         except GatewayError as err:  # before the first event: an ordinary error response
             await error_response(err, headers)(scope, receive, send)
-        finally:
-            stalls.discard(watch)
     if watch.gone:
         rlog.fields.setdefault("client_gone", True)
 
@@ -87,9 +89,7 @@ async def _stream_sse(
     await send({"type": "http.response.body", "body": SSE_DONE, "more_body": False})
 
 
-async def _send_json(
-    turn: Turn, extra: list[tuple[bytes, bytes]], send: Send, watch: DisconnectWatch
-) -> None:
+async def _send_json(turn: Turn, extra: list[tuple[bytes, bytes]], send: Send) -> None:
     """Run the same turn without relaying events; answer the final resource (or its error)."""
     result = await turn.run()
     err = result.error
@@ -97,6 +97,5 @@ async def _send_json(
         status, payload = err.status, json_bytes(err.http_body())
     else:
         status, payload = 200, json_bytes(result.resource)
-    watch.since = time.monotonic()
     await send({"type": "http.response.start", "status": status, "headers": _JSON_HEADERS + extra})
     await send({"type": "http.response.body", "body": payload})

@@ -196,25 +196,47 @@ class Turn:
     async def _open(self) -> None:
         """The first delta, along the route: each provider's retries, then each fallback, all
         within the primary route's ``timeouts.total`` (backoff and Retry-After included: a wait
-        that would overrun it is not made, and the last error is raised instead)."""
+        that would overrun it is not made, and the last error is raised instead). Adapters bound
+        their calls by the request's ``deadline``; one timer per turn (not a timeout context per
+        attempt: this is per request) catches an adapter that does not."""
+        deadline = time.monotonic() + self.result.route.total_seconds
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            if task is not None:
+                task.cancel()
+
+        timer = loop.call_later(self.result.route.total_seconds, expire)
+        try:
+            await self._attempts(deadline)
+        except asyncio.CancelledError:
+            if not expired or task is None or task.uncancel() > 0:
+                raise  # a cancellation of our own caller's (the client left), not the deadline
+            raise UpstreamTimeout(
+                "The upstream provider did not answer within the request's time limit.",
+                retryable=False,
+            ) from None
+        finally:
+            timer.cancel()
+
+    async def _attempts(self, deadline: float) -> None:
         primary = self.result.route
-        deadline = time.monotonic() + primary.total_seconds
+        self.request.deadline = deadline  # the turn's own request: no other turn sees it
         last: UpstreamError | None = None
         for route in (primary, *primary.fallbacks):
-            request = dataclasses.replace(self.request, model=route.upstream_model, deadline=deadline)
+            request = self.request
+            if request.model != route.upstream_model:
+                request = dataclasses.replace(request, model=route.upstream_model)
             for attempt in range(route.retry.attempts + 1):
                 stream = route.adapter.stream(request)
                 try:
-                    async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                        self._first = await anext(stream)
+                    self._first = await anext(stream)
                 except StopAsyncIteration:
                     self._first = None
-                except TimeoutError:
-                    await _close(stream)
-                    raise UpstreamTimeout(
-                        "The upstream provider did not answer within the request's time limit.",
-                        retryable=False,
-                    ) from None
                 except UpstreamError as exc:
                     await _close(stream)
                     last = exc
