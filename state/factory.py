@@ -5,6 +5,7 @@ from __future__ import annotations
 from gateway.kernel.settings import StateSettings
 from state.base import ResponseStore
 from state.memory import MemoryStore
+from state.usage import MemoryLedger, UsageLedger
 
 
 def create_store(settings: StateSettings) -> ResponseStore:
@@ -24,3 +25,14 @@ def create_store(settings: StateSettings) -> ResponseStore:
         ttl_seconds=settings.ttl_seconds,
         max_chain_depth=settings.max_chain_depth,
     )
+
+
+def create_ledger(store: ResponseStore) -> UsageLedger:
+    """The usage ledger beside ``store``: in the same Redis, else in process."""
+    if type(store).__name__ == "RedisStore":
+        from state.redis import RedisStore
+        from state.redis_usage import RedisLedger
+
+        assert isinstance(store, RedisStore)
+        return RedisLedger(store)
+    return MemoryLedger()
