@@ -15,7 +15,7 @@ from tests.api.helpers import parse_sse
 from tests.compact.helpers import conversation
 from tests.fakes.openai_chat import FakeOpenAIChat, Reply, usage_chunk
 from tests.harness import ServedApp
-from tests.redis_server import delete_prefix, redis_url, unique_prefix
+from tests.redis_server import RedisServer, delete_prefix, redis_url, unique_prefix
 from tests.ws.helpers import run_turn, serve, ws_connect
 
 A1 = {"Authorization": "Bearer sk-a1"}
@@ -245,3 +245,36 @@ async def test_tenant_scoping_and_admin_keys(fake: FakeOpenAIChat) -> None:
         with pytest.raises(Exception, match="403"):
             async with ws_connect(gw, additional_headers=ADMIN):
                 pass
+
+
+async def test_without_client_keys_the_default_tenant_is_metered_without_a_key_name() -> None:
+    with serve({"tenants": {"default": {"models": ["mock"]}}}) as gw:
+        async with httpx.AsyncClient(base_url=gw.base_url) as c:
+            r = await c.post("/v1/responses", json={"model": "mock", "input": "anonymous"})
+            assert r.status_code == 200, r.text
+            returned = r.json()["usage"]
+            report = (await c.get("/v1/usage", params={"group_by": "key"})).json()
+    assert report["tenant"] == "default"
+    [row] = report["data"]
+    assert row["key"] is None and row["requests"] == 1
+    assert row["input_tokens"] == returned["input_tokens"]
+    assert row["output_tokens"] == returned["output_tokens"]
+
+
+async def test_a_down_ledger_loses_the_count_never_the_response() -> None:
+    server = RedisServer().start()
+    cfg = {"state": {"redis_url": server.url, "timeout_seconds": 0.5}}
+    try:
+        with serve(cfg) as gw:
+            server.stop()
+            async with httpx.AsyncClient(base_url=gw.base_url, timeout=10) as c:
+                body = {"model": "mock", "input": "still answered", "store": False}
+                r = await c.post("/v1/responses", json=body)
+                assert r.status_code == 200, r.text
+                assert r.json()["status"] == "completed"
+                r = await c.post("/v1/responses", json={**body, "stream": True})
+                assert b"response.completed" in r.content
+                down = await c.get("/v1/usage")
+                assert down.status_code == 503 and down.json()["error"]["code"] == "service_unavailable"
+    finally:
+        server.stop()
