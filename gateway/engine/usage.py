@@ -18,7 +18,7 @@ from typing import Any
 import structlog
 
 from gateway.engine.auth import Principal
-from gateway.engine.turn import TurnResult
+from gateway.engine.turn import TurnHook, TurnResult
 from gateway.kernel.errors import GatewayError
 from state.usage import METRICS, UsageLedger, UsageRow
 
@@ -63,7 +63,7 @@ class Meter:
         except GatewayError as exc:
             log.warning("usage_not_recorded", tenant=principal.tenant, model=model, code=exc.code)
 
-    def hook(self, principal: Principal, model: str) -> Any:
+    def hook(self, principal: Principal, model: str) -> TurnHook:
         """The end-of-turn hook that meters a turn (added last in ``Gateway.prepare``, so it sees
         the outcome the client sees, a failed store write included)."""
 
