@@ -37,7 +37,7 @@ def build_gateway(settings: Settings) -> Gateway:
         settings,
         router=Router(settings),
         store=store,
-        ledger=create_ledger(store),
+        ledger=create_ledger(settings.state, store),
         open_compaction=Opener(Sealer.from_settings(settings.compaction)),
         fit_context=fit_context,
     )

@@ -27,9 +27,10 @@ def create_store(settings: StateSettings) -> ResponseStore:
     )
 
 
-def create_ledger(store: ResponseStore) -> UsageLedger:
-    """The usage ledger beside ``store``: in the same Redis, else in process."""
-    if type(store).__name__ == "RedisStore":
+def create_ledger(settings: StateSettings, store: ResponseStore) -> UsageLedger:
+    """The usage ledger beside ``store`` (made by ``create_store(settings)``): in the same Redis,
+    sharing its client, else in process."""
+    if settings.redis_url is not None:
         from state.redis import RedisStore
         from state.redis_usage import RedisLedger
 
