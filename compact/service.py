@@ -1,6 +1,10 @@
 """``POST /v1/responses/compact`` behind the transport: assemble the conversation, keep what the
 strategy keeps (the newest items within the route's token budget, ``CompactionSettings.recent_budget``),
-summarize the rest through the same turn path as any response, seal the summary."""
+summarize the rest through the same turn path as any response, seal the summary.
+
+Metering: the summarizing turn is prepared unmetered, and the compaction is metered here once, as
+one request with the ``usage`` it returns (zeros when nothing needed summarizing; an error, without
+tokens, when it fails after its route and context were resolved)."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from compact.seal import Sealer
 from gateway.engine.auth import Principal
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.routing import Route
-from gateway.kernel.errors import ServerError, UpstreamError
+from gateway.kernel.errors import GatewayError, ServerError, UpstreamError
 from gateway.kernel.estimate import estimate, estimate_text
 from gateway.kernel.ids import new_id, response_id
 from gateway.kernel.spec.request import CompactRequestBody, CreateResponseBody
@@ -94,7 +98,12 @@ class Compactor:
         ctx = await gw.context(body.input, body.previous_response_id, principal)
         budget = self.settings.recent_budget(route.context_window)
         plan = strategy.plan(ctx.transcript, budget, self.settings.keep_recent_items)
-        summary, usage = await self._summarize(plan.older, body, principal, route, request_id)
+        try:
+            summary, usage = await self._summarize(plan.older, body, principal, route, request_id)
+        except GatewayError:
+            await gw.meter.record(principal, route.model, None, failed=True)
+            raise
+        await gw.meter.record(principal, route.model, usage, failed=False)
         now = int(time.time())
         cid = new_id("cmp")
         payload = {
@@ -167,7 +176,9 @@ class Compactor:
                 "prompt_cache_key": body.prompt_cache_key,
             }
         )
-        turn = await self.gateway.prepare(request, principal, streaming=False, request_id=request_id)
+        turn = await self.gateway.prepare(
+            request, principal, streaming=False, request_id=request_id, metered=False
+        )
         result = await turn.run()
         if result.error is not None:
             raise result.error

@@ -17,7 +17,7 @@ from starlette.types import Receive, Scope, Send
 from compact.opener import Opener
 from compact.seal import Sealer
 from compact.truncation import fit_context
-from gateway.api import compact, http, ops, stored
+from gateway.api import compact, http, ops, stored, usage
 from gateway.api.common import error_response
 from gateway.api.stall import StallWatch
 from gateway.api.ws import WebSocketHub, responses_socket
@@ -26,16 +26,18 @@ from gateway.engine.routing import Router
 from gateway.kernel.errors import GatewayError, InvalidRequest, NotFound, ServerError
 from gateway.kernel.settings import Settings, load_settings
 from gateway.metrics import Metrics
-from state.factory import create_store
+from state.factory import create_ledger, create_store
 
 log = structlog.get_logger("gateway.app")
 
 
 def build_gateway(settings: Settings) -> Gateway:
+    store = create_store(settings.state)
     return Gateway(
         settings,
         router=Router(settings),
-        store=create_store(settings.state),
+        store=store,
+        ledger=create_ledger(settings.state, store),
         open_compaction=Opener(Sealer.from_settings(settings.compaction)),
         fit_context=fit_context,
     )
@@ -117,6 +119,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_route("/v1/responses/{response_id}", stored.delete_response, methods=["DELETE"])
     app.add_route("/v1/responses/{response_id}/input_items", stored.list_input_items, methods=["GET"])
     app.add_route("/v1/models", ops.list_models, methods=["GET"])
+    app.add_route("/v1/usage", usage.get_usage, methods=["GET"])
     app.add_route("/healthz", ops.healthz, methods=["GET"])
     app.add_route("/readyz", ops.readyz, methods=["GET"])
     app.add_route("/metrics", ops.metrics, methods=["GET"])

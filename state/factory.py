@@ -5,6 +5,7 @@ from __future__ import annotations
 from gateway.kernel.settings import StateSettings
 from state.base import ResponseStore
 from state.memory import MemoryStore
+from state.usage import MemoryLedger, UsageLedger
 
 
 def create_store(settings: StateSettings) -> ResponseStore:
@@ -24,3 +25,15 @@ def create_store(settings: StateSettings) -> ResponseStore:
         ttl_seconds=settings.ttl_seconds,
         max_chain_depth=settings.max_chain_depth,
     )
+
+
+def create_ledger(settings: StateSettings, store: ResponseStore) -> UsageLedger:
+    """The usage ledger beside ``store`` (made by ``create_store(settings)``): in the same Redis,
+    sharing its client, else in process."""
+    if settings.redis_url is not None:
+        from state.redis import RedisStore
+        from state.redis_usage import RedisLedger
+
+        assert isinstance(store, RedisStore)
+        return RedisLedger(store)
+    return MemoryLedger()

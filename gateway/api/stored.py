@@ -2,7 +2,9 @@
 GET/DELETE /v1/responses/{id} and GET /v1/responses/{id}/input_items (cursor pagination).
 
 Each read or delete of an authenticated caller writes one audit line (``stored_response``): the
-action, tenant, key name, response id and result (found / not_found / deleted)."""
+action, tenant, key name, response id and result (found / not_found / deleted).
+
+A ``retention: none`` tenant has no stored responses: every id is not found, without a store read."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ async def _read(
     request: Request, gw: Gateway, principal: Principal, response_id: str, action: str
 ) -> StoredResponse:
     """The caller's stored response (audited); ``NotFound`` when its tenant has none by that id."""
-    stored = await gw.store.get(principal.tenant, response_id)
+    stored = await gw.store.get(principal.tenant, response_id) if gw.retains(principal.tenant) else None
     _audit(request, action, principal, response_id, "not_found" if stored is None else "found")
     if stored is None:
         raise _not_found(response_id)
@@ -66,7 +68,7 @@ async def delete_response(request: Request) -> Response:
     rid = request.path_params["response_id"]
     try:
         principal = gw.auth.authenticate(request.headers.get("authorization"))
-        deleted = await gw.store.delete(principal.tenant, rid)
+        deleted = gw.retains(principal.tenant) and await gw.store.delete(principal.tenant, rid)
         _audit(request, "delete", principal, rid, "deleted" if deleted else "not_found")
         if not deleted:
             raise _not_found(rid)

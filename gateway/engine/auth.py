@@ -1,4 +1,6 @@
-"""API keys → tenant. Keys are held only as SHA-256 digests and compared in constant time."""
+"""API keys → tenant (or admin). Keys are held only as SHA-256 digests and compared in constant
+time. A principal's model allow-list is its key's ``models`` and its tenant's (``tenants.<name>.
+models``) together: a model must be on both, when both are given."""
 
 from __future__ import annotations
 
@@ -6,8 +8,8 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 
-from gateway.kernel.errors import AuthenticationFailed
-from gateway.kernel.settings import AuthSettings
+from gateway.kernel.errors import AuthenticationFailed, PermissionDenied
+from gateway.kernel.settings import Settings
 
 
 @dataclass(slots=True, frozen=True)
@@ -22,31 +24,65 @@ class Principal:
 ANONYMOUS = Principal(tenant="default")
 
 
+@dataclass(slots=True, frozen=True)
+class Admin:
+    """An admin key (``admin.api_keys``): it may read every tenant's usage, and nothing else."""
+
+    name: str
+
+
+def allowed_models(key: list[str] | None, tenant: list[str] | None) -> list[str] | None:
+    """Both allow-lists apply: the key's models that its tenant allows too (None: no list)."""
+    if key is None or tenant is None:
+        return key if tenant is None else list(tenant)
+    return [m for m in key if m in tenant]
+
+
 class Authenticator:
-    def __init__(self, settings: AuthSettings) -> None:
-        self.enabled = settings.enabled
+    def __init__(self, settings: Settings) -> None:
+        self.enabled = settings.auth.enabled
+        tenants = settings.tenants
+
+        def principal(tenant: str, models: list[str] | None, key_name: str | None) -> Principal:
+            t = tenants.get(tenant)
+            return Principal(tenant, allowed_models(models, t.models if t else None), key_name)
+
+        self.anonymous = principal("default", None, None)
         # the settings refuse a key given twice, so no entry here overwrites another
-        self._by_digest: dict[bytes, Principal] = {}
-        for k in settings.api_keys or ():
+        self._by_digest: dict[bytes, Principal | Admin] = {}
+        for k in settings.auth.api_keys or ():
             digest = k.digest()
-            self._by_digest[digest] = Principal(
-                tenant=k.tenant, models=k.models, key_name=k.name or f"sha256:{digest.hex()[:12]}"
-            )
+            self._by_digest[digest] = principal(k.tenant, k.models, k.name or f"sha256:{digest.hex()[:12]}")
+        for a in settings.admin.api_keys:
+            self._by_digest[a.digest()] = Admin(a.name)
 
     def authenticate(self, authorization: str | None) -> Principal:
-        """``authorization`` is the raw ``Authorization`` header value."""
-        if not self.enabled:
-            return ANONYMOUS
+        """A client key's principal (``authorization``: the raw ``Authorization`` header value);
+        an admin key is refused with 403: it serves no model."""
+        found = self.identify(authorization)
+        if isinstance(found, Admin):
+            raise PermissionDenied("An admin key may only read usage (GET /v1/usage); use a client key.")
+        return found
+
+    def identify(self, authorization: str | None) -> Principal | Admin:
+        """A client key's principal or an admin key. Without client keys, a request without an
+        admin key is the tenant ``default``'s."""
+        if not self.enabled and not authorization:
+            return self.anonymous
         if not authorization:
             raise AuthenticationFailed("Missing API key: send 'Authorization: Bearer <key>'.")
         scheme, _, key = authorization.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
+            if not self.enabled:
+                return self.anonymous
             raise AuthenticationFailed("Malformed Authorization header: expected 'Bearer <key>'.")
         digest = hashlib.sha256(key.strip().encode()).digest()
-        found: Principal | None = None
+        found: Principal | Admin | None = None
         for stored, principal in self._by_digest.items():  # every key compared, in constant time
             if hmac.compare_digest(stored, digest):
                 found = principal
         if found is None:
+            if not self.enabled:
+                return self.anonymous
             raise AuthenticationFailed("Invalid API key.")
         return found

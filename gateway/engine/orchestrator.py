@@ -4,7 +4,8 @@ Route it (the route carries its fallbacks and retry policy), assemble its contex
 references, opened compaction items, the new input), fit the context into the window (the
 injected ``fit_context`` hook), then derive the ResponseResource and the upstream request from one
 read of the request (``Echoes``). A ``store: true`` turn gets the store write as its first
-end-of-turn hook. HTTP, the WebSocket and compaction's summarizing call all come through
+end-of-turn hook, and every turn is metered by its last (``usage.py``). A ``retention: none``
+tenant's turns are never stored. HTTP, the WebSocket and compaction's summarizing call all come through
 ``Gateway.prepare``; the engine knows compaction only through the two injected hooks.
 """
 
@@ -23,11 +24,13 @@ from gateway.engine.routing import Route, Router
 from gateway.engine.store_health import StoreHealth
 from gateway.engine.turn import Turn, TurnResult
 from gateway.engine.upstream import upstream_request
-from gateway.kernel.errors import ServiceUnavailable
+from gateway.engine.usage import Meter
+from gateway.kernel.errors import InvalidRequest, ServiceUnavailable
 from gateway.kernel.ids import response_id
 from gateway.kernel.settings import Settings
 from gateway.kernel.spec.request import CreateResponseBody
 from state.base import ConnectionCache, ResponseStore, StoredResponse
+from state.usage import MemoryLedger, UsageLedger
 
 
 class ContextFitter(Protocol):
@@ -43,14 +46,26 @@ class Gateway:
         store: ResponseStore,
         open_compaction: CompactionOpener | None = None,
         fit_context: ContextFitter | None = None,
+        ledger: UsageLedger | None = None,
     ) -> None:
         self.settings = settings
         self.router = router
         self.store = store
-        self.auth = Authenticator(settings.auth)
+        self.auth = Authenticator(settings)
+        self.meter = Meter(ledger or MemoryLedger())
         self.open_compaction = open_compaction
         self.fit_context = fit_context
         self.store_health = StoreHealth(store, settings.state.health_recheck_seconds)
+
+    def retains(self, tenant: str) -> bool:
+        """Whether the tenant's conversations may be stored (``retention: standard``)."""
+        t = self.settings.tenants.get(tenant)
+        return t is None or t.retention != "none"
+
+    def tenants(self) -> list[str]:
+        """Every tenant the config names (a key's, a ``tenants:`` entry, ``default`` without keys)."""
+        names = {k.tenant for k in self.settings.auth.api_keys or ()} | set(self.settings.tenants)
+        return sorted(names if self.auth.enabled else names | {"default"})
 
     def route(self, model: str, principal: Principal) -> Route:
         return self.router.resolve(model, principal.models)
@@ -82,13 +97,26 @@ class Gateway:
         streaming: bool = True,
         error_event: bool = True,
         request_id: str | None = None,
+        metered: bool = True,
     ) -> Turn:
         """The turn of a validated request (``gateway/engine/validate.py``). ``streaming``: the
         caller relays deltas as they come (SSE, WebSocket); False lets the adapter ask for an
-        unstreamed reply. ``error_event``: see ``ResponseBuilder``."""
+        unstreamed reply. ``error_event``: see ``ResponseBuilder``. ``metered``: False for a turn
+        whose caller meters it (compaction's summarizing call)."""
         assert body.model is not None  # validate.create_request requires it
         route = self.route(body.model, principal)
         store = True if body.store is None else body.store
+        if not self.retains(principal.tenant):
+            # An omitted store (the spec's default true) means false here; an explicit true is
+            # refused, so that no client silently loses a response it asked to keep.
+            if body.store:
+                raise InvalidRequest(
+                    "This tenant's conversations are not retained (retention: none): send "
+                    "store: false or omit it.",
+                    param="store",
+                    code="store_not_allowed",
+                )
+            store = False
         if store:
             await self.store_health.require()  # refuse before any upstream spend, not after
         ctx = await self.context(body.input, body.previous_response_id, principal, cache)
@@ -122,6 +150,8 @@ class Gateway:
                 stored_at=time.time(),
             )
             turn.on_end(self._store_hook(stored))
+        if metered:
+            turn.on_end(self.meter.hook(principal, route.model))
         return turn
 
     def _store_hook(self, stored: StoredResponse) -> Callable[[TurnResult], Awaitable[None]]:
@@ -138,4 +168,5 @@ class Gateway:
 
     async def aclose(self) -> None:
         await self.router.aclose()
+        await self.meter.ledger.aclose()
         await self.store.aclose()

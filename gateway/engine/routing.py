@@ -36,7 +36,8 @@ class Router:
 
     def resolve(self, model: str, allowed: list[str] | None = None) -> Route:
         """The route for ``model`` (``allowed``: the caller's model allow-list), its fallbacks
-        resolved one level deep; a fallback that does not resolve is left out."""
+        resolved one level deep; a fallback that does not resolve, or that the allow-list does
+        not name, is left out."""
         if allowed is not None and model not in allowed:
             raise ModelNotFound(model)
         route = self._route(model)
@@ -45,6 +46,8 @@ class Router:
             return route
         fallbacks = []
         for name in cfg.fallbacks:
+            if allowed is not None and name not in allowed:
+                continue
             try:
                 fallbacks.append(self._route(name))
             except GatewayError:

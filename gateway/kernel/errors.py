@@ -12,6 +12,9 @@
     │   ├── ConnectionLimitReached    400    invalid_request_error  websocket_connection_limit_reached
     │   └── PayloadTooLarge           413    invalid_request_error  payload_too_large
     ├── AuthenticationFailed          401    authentication_error   invalid_api_key
+    ├── PermissionDenied              403    permission_error       permission_denied (an admin
+    │                                                               key off /v1/usage, another
+    │                                                               tenant's usage)
     ├── NotFound                      404    not_found              not_found
     ├── RateLimited                   429    too_many_requests      rate_limit_exceeded (retry_after)
     ├── ServiceUnavailable            503    server_error           service_unavailable (e.g. the
@@ -133,6 +136,12 @@ class AuthenticationFailed(GatewayError):
     status = 401
     type = "authentication_error"
     code = "invalid_api_key"
+
+
+class PermissionDenied(GatewayError):
+    status = 403
+    type = "permission_error"
+    code = "permission_denied"
 
 
 class NotFound(GatewayError):

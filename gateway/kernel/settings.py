@@ -191,7 +191,7 @@ class ApiKey(KeyRef):
 
 
 class AdminKey(KeyRef):
-    """A key that may read every tenant's usage (and reload the config)."""
+    """A key that may read every tenant's usage (GET /v1/usage); it serves no model."""
 
     name: str = Field(default="admin", pattern=r"^[A-Za-z0-9._:-]{1,64}$")
 
@@ -423,8 +423,9 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _names_resolve(self) -> Settings:
-        """Every provider a route names, every fallback and every model of an allow-list exists;
-        no key is given twice (to one tenant or two: the last would silently win)."""
+        """Every provider a route names, every fallback and every model of an allow-list (a key's,
+        a tenant's) exists; no key is given twice (to one tenant or two, or as a client key and an
+        admin key: the last would silently win)."""
         table = self.provider_table()
         problems = []
         keys = self.auth.api_keys or []
@@ -438,6 +439,17 @@ class Settings(BaseSettings):
             for j, model in enumerate(k.models or ()):
                 if not self.routes_model(model, table):
                     problems.append((f"auth.api_keys.{i}.models.{j}", f"unknown model '{model}'"))
+        for i, a in enumerate(self.admin.api_keys):
+            first = seen.setdefault(a.digest(), len(keys) + i)
+            if first != len(keys) + i:
+                n = len(keys)
+                other = f"auth.api_keys.{first}" if first < n else f"admin.api_keys.{first - n}"
+                why = f"the same key as {other}: an admin key must be a key of its own"
+                problems.append((f"admin.api_keys.{i}", why))
+        for tenant, t in self.tenants.items():
+            for j, model in enumerate(t.models or ()):
+                if not self.routes_model(model, table):
+                    problems.append((f"tenants.{tenant}.models.{j}", f"unknown model '{model}'"))
         for name, route in self.models.items():
             if route.provider not in self.providers and route.provider != "mock":
                 problems.append((f"models.{name}.provider", f"unknown provider '{route.provider}'"))

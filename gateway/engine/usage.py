@@ -1,0 +1,114 @@
+"""Metering: what each turn cost, into the usage ledger (``state/usage.py``), and the report
+``GET /v1/usage`` reads back.
+
+One row per tenant, UTC day, key name and model (the name the client asked for). A turn adds one
+request, one error when it failed, and the tokens of the ``usage`` its response carries: input and
+output, and within them cached (part of input) and reasoning (part of output) tokens, so a total is
+input + output, never more. Every turn ``Gateway.prepare`` makes is metered by its end-of-turn hook,
+except compaction's summarizing call, whose usage ``/v1/responses/compact`` returns and meters itself.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from datetime import date, timedelta
+from typing import Any
+
+import structlog
+
+from gateway.engine.auth import Principal
+from gateway.engine.turn import TurnHook, TurnResult
+from gateway.kernel.errors import GatewayError
+from state.usage import METRICS, UsageLedger, UsageRow
+
+log = structlog.get_logger("gateway.engine.usage")
+
+GROUPS = ("model", "key", "day")
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def counts_of(usage: Mapping[str, Any] | None, *, failed: bool) -> dict[str, int]:
+    """The ledger counts of one request whose response carried ``usage``."""
+    u = usage or {}
+    return {
+        "requests": 1,
+        "errors": int(failed),
+        "input_tokens": _int(u.get("input_tokens")),
+        "output_tokens": _int(u.get("output_tokens")),
+        "cached_tokens": _int((u.get("input_tokens_details") or {}).get("cached_tokens")),
+        "reasoning_tokens": _int((u.get("output_tokens_details") or {}).get("reasoning_tokens")),
+    }
+
+
+def utc_day(at: float | None = None) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(at))
+
+
+class Meter:
+    def __init__(self, ledger: UsageLedger) -> None:
+        self.ledger = ledger
+
+    async def record(
+        self, principal: Principal, model: str, usage: Mapping[str, Any] | None, *, failed: bool
+    ) -> None:
+        """Count one request. A ledger that is down loses this count (logged), never the response."""
+        try:
+            await self.ledger.add(
+                principal.tenant, utc_day(), principal.key_name or "", model, counts_of(usage, failed=failed)
+            )
+        except GatewayError as exc:
+            log.warning("usage_not_recorded", tenant=principal.tenant, model=model, code=exc.code)
+
+    def hook(self, principal: Principal, model: str) -> TurnHook:
+        """The end-of-turn hook that meters a turn (added last in ``Gateway.prepare``, so it sees
+        the outcome the client sees, a failed store write included)."""
+
+        async def meter(result: TurnResult) -> None:
+            await self.record(principal, model, result.usage, failed=result.status == "failed")
+
+        return meter
+
+    async def report(self, tenants: Iterable[str], start: date, end: date, group_by: str) -> dict[str, Any]:
+        """The rows of ``tenants`` from ``start`` to ``end`` (UTC days, inclusive), summed per
+        tenant and ``group_by`` (model | key | day), with their totals."""
+        days = [(start + timedelta(days=i)).isoformat() for i in range((end - start).days + 1)]
+        rows = await self.ledger.read(sorted(set(tenants)), days)
+        groups: dict[tuple[str, str], dict[str, int]] = {}
+        total = dict.fromkeys(METRICS, 0)
+        for row in rows:
+            sums = groups.setdefault((row.tenant, _group(row, group_by)), dict.fromkeys(METRICS, 0))
+            for name in METRICS:
+                sums[name] += row.counts.get(name, 0)
+                total[name] += row.counts.get(name, 0)
+        data = [
+            {"tenant": tenant, group_by: value or None, **_shape(sums)}
+            for (tenant, value), sums in sorted(groups.items())
+        ]
+        return {
+            "object": "usage",
+            "start": start.isoformat(),
+            "end": end.isoformat(),
+            "group_by": group_by,
+            "data": data,
+            "totals": _shape(total),
+        }
+
+
+def _group(row: UsageRow, group_by: str) -> str:
+    return row.model if group_by == "model" else row.key if group_by == "key" else row.day
+
+
+def _shape(c: dict[str, int]) -> dict[str, Any]:
+    return {
+        "requests": c["requests"],
+        "errors": c["errors"],
+        "input_tokens": c["input_tokens"],
+        "output_tokens": c["output_tokens"],
+        "total_tokens": c["input_tokens"] + c["output_tokens"],
+        "input_tokens_details": {"cached_tokens": c["cached_tokens"]},
+        "output_tokens_details": {"reasoning_tokens": c["reasoning_tokens"]},
+    }

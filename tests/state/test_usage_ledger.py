@@ -1,0 +1,63 @@
+"""The usage ledger's two forms: the same rows back; the in-process one bounded, the Redis one
+one hash per tenant and day with a retention TTL, holding only names and numbers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import redis
+
+from state.redis import RedisStore
+from state.redis_usage import RedisLedger
+from state.usage import METRICS, RETENTION_DAYS, MemoryLedger, UsageLedger
+from tests.redis_server import delete_prefix, redis_url, unique_prefix
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def ledger(request: pytest.FixtureRequest) -> AsyncIterator[UsageLedger]:
+    if request.param == "memory":
+        yield MemoryLedger()
+        return
+    p = unique_prefix()
+    store = RedisStore(redis_url(), key_prefix=p, ttl_seconds=60, timeout_seconds=2)
+    yield RedisLedger(store)
+    await store.aclose()
+    delete_prefix(redis_url(), p)
+
+
+async def test_rows_add_up_per_tenant_day_key_and_model(ledger: UsageLedger) -> None:
+    await ledger.add("a", "2026-12-01", "k1", "m", {"requests": 1, "input_tokens": 10})
+    await ledger.add("a", "2026-12-01", "k1", "m", {"requests": 1, "errors": 1, "output_tokens": 4})
+    await ledger.add("a", "2026-12-02", "", "we/ird\tmodel", {"requests": 1, "cached_tokens": 3})
+    await ledger.add("b", "2026-12-01", "k1", "m", {"requests": 5})
+    rows = await ledger.read(["a"], ["2026-12-01", "2026-12-02", "2026-12-03"])
+    got = {(r.tenant, r.day, r.key, r.model): r.counts for r in rows}
+    first = dict.fromkeys(METRICS, 0) | {"requests": 2, "errors": 1, "input_tokens": 10, "output_tokens": 4}
+    second = dict.fromkeys(METRICS, 0) | {"requests": 1, "cached_tokens": 3}
+    assert got == {("a", "2026-12-01", "k1", "m"): first, ("a", "2026-12-02", "", "we/ird\tmodel"): second}
+
+
+async def test_the_memory_ledger_drops_its_oldest_days_first() -> None:
+    ledger = MemoryLedger(max_rows=3)
+    for day in ("2026-12-01", "2026-12-02"):
+        for model in ("x", "y"):
+            await ledger.add("a", day, "k", model, {"requests": 1})
+    rows = await ledger.read(["a"], ["2026-12-01", "2026-12-02"])
+    assert {(r.day, r.model) for r in rows} == {("2026-12-02", "x"), ("2026-12-02", "y")}
+
+
+async def test_a_redis_day_is_one_hash_with_the_retention_ttl() -> None:
+    p = unique_prefix()
+    store = RedisStore(redis_url(), key_prefix=p, ttl_seconds=60, timeout_seconds=2)
+    client = redis.Redis.from_url(redis_url())
+    try:
+        await RedisLedger(store).add("t", "2026-12-01", "k", "m", {"requests": 1, "input_tokens": 7})
+        [key] = list(client.scan_iter(match=f"{p}:*"))
+        assert key == f"{p}:{{t}}:u:2026-12-01".encode()
+        assert 0 < client.ttl(key) <= RETENTION_DAYS * 86400
+        assert client.hgetall(key) == {b'["k","m","requests"]': b"1", b'["k","m","input_tokens"]': b"7"}
+    finally:
+        client.close()
+        await store.aclose()
+        delete_prefix(redis_url(), p)
