@@ -72,7 +72,8 @@ class UpstreamRequest:
 
 
 class Adapter(Protocol):
-    """A provider. ``stream`` is an async generator of deltas; it raises
+    """A provider. ``stream`` is an async generator of deltas; it bounds its network work by
+    ``request.seconds_left(...)`` (the turn's deadline, retries included); it raises
     ``gateway.kernel.errors.UpstreamError`` (or a subclass) for provider failures and must stop its
     network work when the generator is closed (client gone, cancellation)."""
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import inspect
 import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -35,7 +34,7 @@ from adapters.deltas import Delta, Finish, ToolCallArgsDelta, ToolCallStart
 from gateway.engine.builder import ResponseBuilder
 from gateway.engine.context import Context
 from gateway.engine.routing import Route
-from gateway.kernel.errors import GatewayError, ServerError, UpstreamError, UpstreamTimeout
+from gateway.kernel.errors import GatewayError, ServerError, UpstreamError
 from gateway.kernel.settings import RetrySettings
 from gateway.kernel.tool_choice import parse_tool_choice
 
@@ -173,7 +172,7 @@ class Turn:
         for hook in self._hooks:
             try:
                 pending = hook(self.result)
-                if inspect.isawaitable(pending):
+                if pending is not None:  # an async hook
                     await pending
             except GatewayError as exc:
                 if revoke is None:
@@ -197,31 +196,8 @@ class Turn:
         """The first delta, along the route: each provider's retries, then each fallback, all
         within the primary route's ``timeouts.total`` (backoff and Retry-After included: a wait
         that would overrun it is not made, and the last error is raised instead). Adapters bound
-        their calls by the request's ``deadline``; one timer per turn (not a timeout context per
-        attempt: this is per request) catches an adapter that does not."""
-        deadline = time.monotonic() + self.result.route.total_seconds
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        expired = False
-
-        def expire() -> None:
-            nonlocal expired
-            expired = True
-            if task is not None:
-                task.cancel()
-
-        timer = loop.call_later(self.result.route.total_seconds, expire)
-        try:
-            await self._attempts(deadline)
-        except asyncio.CancelledError:
-            if not expired or task is None or task.uncancel() > 0:
-                raise  # a cancellation of our own caller's (the client left), not the deadline
-            raise UpstreamTimeout(
-                "The upstream provider did not answer within the request's time limit.",
-                retryable=False,
-            ) from None
-        finally:
-            timer.cancel()
+        each call by what is left of the request's ``deadline`` (``UpstreamRequest.seconds_left``)."""
+        await self._attempts(time.monotonic() + self.result.route.total_seconds)
 
     async def _attempts(self, deadline: float) -> None:
         primary = self.result.route

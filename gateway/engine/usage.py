@@ -32,20 +32,44 @@ def _int(value: Any) -> int:
 
 
 def counts_of(usage: Mapping[str, Any] | None, *, failed: bool) -> dict[str, int]:
-    """The ledger counts of one request whose response carried ``usage``."""
-    u = usage or {}
+    """The ledger counts of one request whose response carried ``usage`` (the builder's own,
+    or compaction's: well-formed, so read as it is; a value that is not a count is 0)."""
+    if not usage:
+        return {**_NONE, "errors": int(failed)}
+    cached = (usage.get("input_tokens_details") or {}).get("cached_tokens")
+    reasoning = (usage.get("output_tokens_details") or {}).get("reasoning_tokens")
     return {
         "requests": 1,
         "errors": int(failed),
-        "input_tokens": _int(u.get("input_tokens")),
-        "output_tokens": _int(u.get("output_tokens")),
-        "cached_tokens": _int((u.get("input_tokens_details") or {}).get("cached_tokens")),
-        "reasoning_tokens": _int((u.get("output_tokens_details") or {}).get("reasoning_tokens")),
+        "input_tokens": _int(usage.get("input_tokens")),
+        "output_tokens": _int(usage.get("output_tokens")),
+        "cached_tokens": _int(cached) if cached else 0,
+        "reasoning_tokens": _int(reasoning) if reasoning else 0,
     }
 
 
+_NONE = {
+    "requests": 1,
+    "errors": 0,
+    "input_tokens": 0,
+    "output_tokens": 0,
+    "cached_tokens": 0,
+    "reasoning_tokens": 0,
+}
+
+
+_DAY: list[Any] = [-1, ""]  # the last UTC day number seen, and its name
+
+
 def utc_day(at: float | None = None) -> str:
-    return time.strftime("%Y-%m-%d", time.gmtime(at))
+    """The UTC date of ``at`` (now), as YYYY-MM-DD; the current day's name is computed once."""
+    now = time.time() if at is None else at
+    n = int(now // 86400)
+    if n != _DAY[0]:
+        if at is not None:
+            return time.strftime("%Y-%m-%d", time.gmtime(now))
+        _DAY[0], _DAY[1] = n, time.strftime("%Y-%m-%d", time.gmtime(now))
+    return str(_DAY[1])
 
 
 class Meter:
@@ -67,8 +91,14 @@ class Meter:
         """The end-of-turn hook that meters a turn (added last in ``Gateway.prepare``, so it sees
         the outcome the client sees, a failed store write included)."""
 
+        ledger, tenant, key = self.ledger, principal.tenant, principal.key_name or ""
+
         async def meter(result: TurnResult) -> None:
-            await self.record(principal, model, result.usage, failed=result.status == "failed")
+            counts = counts_of(result.usage, failed=result.status == "failed")
+            try:
+                await ledger.add(tenant, utc_day(), key, model, counts)
+            except GatewayError as exc:
+                log.warning("usage_not_recorded", tenant=tenant, model=model, code=exc.code)
 
         return meter
 

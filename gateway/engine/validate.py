@@ -150,6 +150,8 @@ def _too_deep(param: str, limit: int) -> InvalidRequest:
 
 def _check_depth(body: CreateResponseBody, limit: int) -> None:
     """The free-form JSON a request may carry (everything else has a fixed shape)."""
+    if not body.tools and body.text is None and not isinstance(body.input, list):
+        return  # nothing free-form to walk: the common plain request
     for n, tool in enumerate(body.tools or ()):
         if tool.parameters is not None and _depth_over(tool.parameters, limit):
             raise _too_deep(f"tools[{n}].parameters", limit)

@@ -154,6 +154,23 @@ async def test_a_retry_that_would_overrun_the_deadline_is_not_made(fake_server: 
         assert len(fake_server.requests) == 2  # one call each: no retry that could not finish in time
 
 
+async def test_a_hung_upstream_is_bounded_by_the_total_deadline_across_retries(
+    fake_server: FakeOpenAIChat,
+) -> None:
+    # Each attempt is bounded by what is left of timeouts.total: 3 retries do not multiply it.
+    settings = chat_upstream(
+        fake_server, {"m": {"provider": "up"}}, timeouts={"total": 1.5}, retry={"attempts": 3}
+    )
+    fake_server.reset()
+    fake_server.add(*(Reply.text("late", delay=20) for _ in range(4)))
+    with serve_gateway(settings) as gw:
+        for body in ({"input": "x"}, {"input": "x", "stream": True}):
+            t0 = time.monotonic()
+            r = await post(gw, body)
+            assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout", r.text
+            assert time.monotonic() - t0 < 4
+
+
 async def test_failure_after_the_first_event_is_error_then_failed(
     served: ServedApp, fake: FakeOpenAIChat
 ) -> None:
