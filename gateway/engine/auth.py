@@ -7,7 +7,7 @@ import hmac
 from dataclasses import dataclass
 
 from gateway.kernel.errors import AuthenticationFailed
-from gateway.kernel.settings import AuthSettings
+from gateway.kernel.settings import AuthSettings, KeyLimits
 
 
 @dataclass(slots=True, frozen=True)
@@ -17,6 +17,7 @@ class Principal:
     # Names the key in log lines: "sha256:" and the first 12 hex digits of its SHA-256 digest (the
     # same for a key configured plain or as a digest), never the key. None: auth is off.
     key_name: str | None = None
+    limits: KeyLimits | None = None  # the key's own limits (gateway/engine/limits.py)
 
 
 ANONYMOUS = Principal(tenant="default")
@@ -30,7 +31,10 @@ class Authenticator:
         for k in settings.api_keys or ():
             digest = k.digest()
             self._by_digest[digest] = Principal(
-                tenant=k.tenant, models=k.models, key_name=k.name or f"sha256:{digest.hex()[:12]}"
+                tenant=k.tenant,
+                models=k.models,
+                key_name=k.name or f"sha256:{digest.hex()[:12]}",
+                limits=k.limits,
             )
 
     def authenticate(self, authorization: str | None) -> Principal:

@@ -306,6 +306,11 @@ class Limits(_Strict):
     max_header_bytes: int = Field(default=64 * 1024, ge=1024)
     header_read_seconds: float = Field(default=10.0, gt=0)  # a whole head, from its first byte (-> 408)
     body_read_seconds: float = Field(default=10.0, gt=0)  # a whole body, from the end of its head (-> 408)
+    # the tenancy limits' limiter (Redis) unreachable: allow serves unlimited, deny answers 503
+    on_limiter_error: Literal["allow", "deny"] = "allow"
+    # output tokens reserved against tokens_per_minute and budgets when a request sets no
+    # max_output_tokens (settled to the real usage at the end of the turn)
+    output_token_reservation: int = Field(default=4096, ge=1)
 
 
 class CompactionSettings(_Strict):
