@@ -47,6 +47,7 @@ def backend(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
     yield request.param, p
     if request.param == "redis":
         delete_prefix(redis_url(), p)
+        delete_prefix(redis_url(), "{" + p)  # the limit counters: {prefix:tenant}:l:...
 
 
 async def post(s: ServedApp, headers: dict[str, str], **body: Any) -> httpx.Response:
@@ -207,6 +208,7 @@ def replicas() -> Iterator[list[str]]:
         for proc in procs:
             proc.wait(timeout=30)
         delete_prefix(redis_url(), p)
+        delete_prefix(redis_url(), "{" + p)
 
 
 async def test_two_replicas_share_the_limits(replicas: list[str]) -> None:
