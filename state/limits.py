@@ -16,9 +16,13 @@ tag ``{prefix:tenant}``, so on Redis Cluster they share a slot and one script ma
 
 The counters (``Check.kind``):
 
-- ``r`` requests: a sliding log (a sorted set of admission times); at most ``limit`` in any 60 s.
-- ``t`` tokens: per-second buckets (a hash: second → tokens) summed over the last 61 s, so the
-  window is never shorter than 60 s; a settlement adjusts the bucket the reservation went into.
+- ``r`` requests and ``t`` tokens: a sliding window of per-second buckets (a hash: second →
+  count, plus the running total and the oldest and newest second, so a check costs a few
+  commands whatever the rate, and memory is at most 61 fields): a charge counts until 61 s after
+  the start of its second, so never fewer than 60 s: at most ``limit`` in any 60 s window, and no
+  double burst at a minute boundary (a sorted-set log would be exact to the millisecond but grow
+  by one entry per request: 60 × the request rate). A settlement adjusts the bucket its
+  reservation went into.
 - ``b`` budget: one counter per period (``extra``: ms until the period ends; the key outlives it by
   a day so late settlements still find it).
 - ``c`` concurrency: leases (a sorted set of reservation id → start); ``extra`` is the lease in
@@ -28,17 +32,17 @@ The counters (``Check.kind``):
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 from urllib.parse import quote
 
 from gateway.kernel.errors import ServiceUnavailable
+from state.resp import LeanRedis, pack_args
 
 Kind = Literal["r", "t", "b", "c"]
-WINDOW_MS = 60_000
 _BUCKETS = 61  # seconds of token buckets summed: the window is 60 to 61 s, never less than 60
 _BUDGET_GRACE_MS = 86_400_000
 
@@ -66,6 +70,8 @@ class Outcome:
 
 
 class Limiter(Protocol):
+    remote: bool  # a call is a network round trip (the engine then settles off the response's path)
+
     async def admit(self, tenant: str, checks: Sequence[Check], rid: str, tokens: int) -> Outcome:
         """Check every counter; if all pass, charge each (one request, ``tokens`` tokens, a lease
         named ``rid``). Raises ServiceUnavailable when the backend cannot answer in time."""
@@ -80,18 +86,13 @@ class Limiter(Protocol):
 class MemoryLimiter:
     """The same semantics as the script below, for one process (``state.redis_url`` unset)."""
 
+    remote = False
+
     def __init__(self, clock: Any = time.time) -> None:
         self._clock = clock
-        self._logs: dict[tuple[str, str], deque[int]] = {}
         self._buckets: dict[tuple[str, str], dict[int, int]] = {}
         self._totals: dict[tuple[str, str], tuple[int, int]] = {}  # (value, expires at ms)
         self._leases: dict[tuple[str, str], dict[str, int]] = {}
-
-    def _log(self, k: tuple[str, str], now: int) -> deque[int]:
-        log = self._logs.setdefault(k, deque())
-        while log and log[0] <= now - WINDOW_MS:
-            log.popleft()
-        return log
 
     def _tokens(self, k: tuple[str, str], sec: int) -> dict[int, int]:
         b = self._buckets.setdefault(k, {})
@@ -115,17 +116,12 @@ class MemoryLimiter:
         out = Outcome(failed=None, retry_ms=0, second=sec)
         for i, c in enumerate(checks):
             k = (tenant, c.name)
-            if c.kind == "r":
-                log = self._log(k, now)
-                n = len(log)
-                if n + 1 > c.limit:
-                    out.failed, out.retry_ms = i, log[n - c.limit] + WINDOW_MS - now
-                used, reset = n, (log[-1] + WINDOW_MS - now if log else 0)
-            elif c.kind == "t":
+            if c.kind in "rt":
+                amount = 1 if c.kind == "r" else tokens
                 b = self._tokens(k, sec)
                 n = sum(b.values())
-                if n + tokens > c.limit:
-                    out.failed, out.retry_ms = i, _token_retry(sorted(b.items()), n, tokens, c.limit, now)
+                if n + amount > c.limit:
+                    out.failed, out.retry_ms = i, _token_retry(sorted(b.items()), n, amount, c.limit, now)
                 used, reset = n, ((max(b) + _BUCKETS) * 1000 - now if b else 0)
             elif c.kind == "b":
                 n = self._total(k, now)
@@ -144,14 +140,11 @@ class MemoryLimiter:
                 return out
         for i, c in enumerate(checks):
             k = (tenant, c.name)
-            if c.kind == "r":
-                self._logs[k].append(now)
-                out.used[i] += 1
-                out.reset_ms[i] = WINDOW_MS
-            elif c.kind == "t":
+            if c.kind in "rt":
+                amount = 1 if c.kind == "r" else tokens
                 b = self._buckets[k]
-                b[sec] = b.get(sec, 0) + tokens
-                out.used[i] += tokens
+                b[sec] = b.get(sec, 0) + amount
+                out.used[i] += amount
                 out.reset_ms[i] = (sec + _BUCKETS) * 1000 - now
             elif c.kind == "b":
                 self._totals[k] = (out.used[i] + tokens, now + c.extra + _BUDGET_GRACE_MS)
@@ -202,8 +195,8 @@ def _token_retry(buckets: list[tuple[int, int]], used: int, tokens: int, limit: 
 # index), retry_ms, second, used_1, reset_1, used_2, reset_2, ...}.
 _ADMIT = """
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local sec = tonumber(t[1])
+local now = sec * 1000 + math.floor(tonumber(t[2]) / 1000)
 local rid, tokens = ARGV[1], tonumber(ARGV[2])
 local out = {0, 0, sec}
 local used = {}
@@ -211,47 +204,49 @@ for i = 1, #KEYS do
   local key, kind = KEYS[i], ARGV[3 * i]
   local limit, extra = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
   local n, reset, retry = 0, 0, nil
-  if kind == 'r' then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', now - 60000)
-    n = redis.call('ZCARD', key)
-    local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    if newest[2] then reset = tonumber(newest[2]) + 60000 - now end
-    if n + 1 > limit then
-      local at = redis.call('ZRANGE', key, n - limit, n - limit, 'WITHSCORES')
-      retry = tonumber(at[2]) + 60000 - now
+  if kind == 'r' or kind == 't' then
+    local amount = tokens
+    if kind == 'r' then amount = 1 end
+    local v = redis.call('HMGET', key, 'n', 'lo', 'hi')
+    n = tonumber(v[1] or '0')
+    local lo, hi = tonumber(v[2] or sec), tonumber(v[3] or sec)
+    local cut = sec - 61
+    if lo <= cut then
+      for b = lo, math.min(cut, lo + 61) do
+        local x = redis.call('HGET', key, b)
+        if x then n = n - tonumber(x); redis.call('HDEL', key, b) end
+      end
+      lo = cut + 1
+      redis.call('HSET', key, 'n', n, 'lo', lo)
     end
-  elseif kind == 't' then
-    local flat = redis.call('HGETALL', key)
-    local secs, vals = {}, {}
-    for j = 1, #flat, 2 do
-      local s = tonumber(flat[j])
-      if s <= sec - 61 then redis.call('HDEL', key, flat[j])
-      else secs[#secs + 1] = s; vals[s] = tonumber(flat[j + 1]); n = n + vals[s] end
-    end
-    table.sort(secs)
-    if #secs > 0 then reset = (secs[#secs] + 61) * 1000 - now end
-    if n + tokens > limit then
-      if tokens > limit then retry = -1 else
+    if n > 0 then reset = (hi + 61) * 1000 - now end
+    if n + amount > limit then
+      if amount > limit then retry = -1 else
         retry = 1000
         local left = n
-        for _, s in ipairs(secs) do
-          left = left - vals[s]
-          if left + tokens <= limit then retry = math.max(0, (s + 61) * 1000 - now); break end
+        for b = lo, hi do
+          local x = redis.call('HGET', key, b)
+          if x then
+            left = left - tonumber(x)
+            if left + amount <= limit then retry = math.max(0, (b + 61) * 1000 - now); break end
+          end
         end
       end
     end
+    used[i] = {n, amount, lo}
   elseif kind == 'b' then
     n = tonumber(redis.call('GET', key) or '0')
     reset = extra
     if n + tokens > limit then
       if tokens > limit then retry = -1 else retry = extra end
     end
+    used[i] = n
   else
     redis.call('ZREMRANGEBYSCORE', key, '-inf', now - extra)
     n = redis.call('ZCARD', key)
     if n + 1 > limit then retry = 1000 end
+    used[i] = n
   end
-  used[i] = n
   out[#out + 1] = n
   out[#out + 1] = reset
   if retry then
@@ -263,15 +258,12 @@ end
 for i = 1, #KEYS do
   local key, kind, extra = KEYS[i], ARGV[3 * i], tonumber(ARGV[3 * i + 2])
   local at = 3 + 2 * i
-  if kind == 'r' then
-    redis.call('ZADD', key, now, rid)
-    redis.call('PEXPIRE', key, 61000)
-    out[at - 1] = used[i] + 1
-    out[at] = 60000
-  elseif kind == 't' then
-    redis.call('HINCRBY', key, sec, tokens)
+  if kind == 'r' or kind == 't' then
+    local u = used[i]
+    redis.call('HINCRBY', key, sec, u[2])
+    redis.call('HSET', key, 'n', u[1] + u[2], 'lo', u[3], 'hi', sec)
     redis.call('PEXPIRE', key, 62000)
-    out[at - 1] = used[i] + tokens
+    out[at - 1] = u[1] + u[2]
     out[at] = (sec + 61) * 1000 - now
   elseif kind == 'b' then
     redis.call('INCRBY', key, tokens)
@@ -294,7 +286,11 @@ for i = 1, #KEYS do
   local key, kind = KEYS[i], ARGV[3 + i]
   if kind == 't' and delta ~= 0 then
     local v = redis.call('HGET', key, sec)
-    if v then redis.call('HSET', key, sec, math.max(0, tonumber(v) + delta)) end
+    if v then
+      local new = math.max(0, tonumber(v) + delta)
+      redis.call('HSET', key, sec, new)
+      redis.call('HINCRBY', key, 'n', new - tonumber(v))
+    end
   elseif kind == 'b' and delta ~= 0 then
     local v = redis.call('GET', key)
     if v then redis.call('SET', key, math.max(0, tonumber(v) + delta), 'KEEPTTL') end
@@ -306,17 +302,27 @@ return 1
 """
 
 
+_SHA = {src: hashlib.sha1(src.encode()).hexdigest() for src in (_ADMIT, _SETTLE)}
+
+
 class RedisLimiter:
     """Counters in Redis, each admission and settlement one EVALSHA (see the module docstring).
     Keys: ``{prefix:tenant}:l:<counter>`` (the tenant percent-escaped)."""
 
+    remote = True
+
     def __init__(self, url: str, *, key_prefix: str, timeout_seconds: float) -> None:
+        self.key_prefix = key_prefix
+        self.timeout = timeout_seconds
+        self._lean: LeanRedis | None = None
+        self._client: Any = None
+        if not url.startswith("rediss://"):
+            self._lean = LeanRedis(url, timeout_seconds)  # see state/resp.py
+            return
         from redis.asyncio import Redis
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
 
-        self.key_prefix = key_prefix
-        self.timeout = timeout_seconds
         self._client = Redis.from_url(
             url,
             socket_timeout=timeout_seconds,
@@ -324,8 +330,16 @@ class RedisLimiter:
             retry=Retry(NoBackoff(), 1),
         )
         # register_script: EVALSHA, falling back to EVAL (which caches it) on NOSCRIPT
-        self._admit = self._client.register_script(_ADMIT)
-        self._settle = self._client.register_script(_SETTLE)
+        self._scripts = {
+            _ADMIT: self._client.register_script(_ADMIT),
+            _SETTLE: self._client.register_script(_SETTLE),
+        }
+
+    async def _eval(self, source: str, keys: list[str], args: list[Any]) -> Any:
+        if self._lean is not None:
+            packed = pack_args(*keys, *args)
+            return await self._lean.evalsha(_SHA[source], source, len(keys), len(args), packed)
+        return await self._run(self._scripts[source](keys=keys, args=args))
 
     def key(self, tenant: str, name: str) -> str:
         return f"{{{self.key_prefix}:{quote(tenant, safe='')}}}:l:{name}"
@@ -354,7 +368,7 @@ class RedisLimiter:
         args: list[Any] = [rid, tokens]
         for c in checks:
             args += [c.kind, c.limit, c.extra]
-        raw = await self._run(self._admit(keys=keys, args=args))
+        raw = await self._eval(_ADMIT, keys, args)
         vals = [int(v) for v in raw]
         failed = vals[0] - 1 if vals[0] else None
         return Outcome(failed=failed, retry_ms=vals[1], used=vals[3::2], reset_ms=vals[4::2], second=vals[2])
@@ -364,10 +378,13 @@ class RedisLimiter:
         if not todo:
             return
         keys = [self.key(tenant, c.name) for c in todo]
-        await self._run(self._settle(keys=keys, args=[rid, delta, second, *(c.kind for c in todo)]))
+        await self._eval(_SETTLE, keys, [rid, delta, second, *(c.kind for c in todo)])
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._lean is not None:
+            await self._lean.aclose()
+        else:
+            await self._client.aclose()
 
 
 def _consume(task: asyncio.Task[Any]) -> None:

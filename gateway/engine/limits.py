@@ -10,7 +10,8 @@ Tokens are reserved, then settled: ``Gateway.prepare`` reserves the estimated in
 4096 by default) against the tokens-per-minute limits and the budget, in the same atomic admission
 as the request count and the concurrency lease, so concurrent requests (on any replica) can never
 together pass a limit. The end-of-turn hook settles the charge to the real usage (input + output;
-without usage, the estimate of what was produced) and releases the lease.
+without usage, the estimate of what was produced) and releases the lease; against Redis that
+round trip runs beside the response rather than before it.
 
 When the limiter cannot answer (Redis down or slower than ``state.timeout_seconds``),
 ``limits.on_limiter_error`` decides: ``allow`` serves the request unlimited, ``deny`` refuses it
@@ -20,6 +21,7 @@ with 503. The outage is logged once when it starts and once when it ends, and co
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import math
 from collections.abc import Callable
@@ -85,6 +87,7 @@ class TenantLimiter:
         )
         self._clock = clock or (lambda: dt.datetime.now(dt.UTC).timestamp())
         self.errors = 0  # limiter calls that failed (shown on /metrics)
+        self._pending: set[asyncio.Task[None]] = set()
         self.down = False
 
     def _tenant(self, name: str) -> TenantSettings:
@@ -160,6 +163,22 @@ class TenantLimiter:
         if out.failed is not None:
             raise _refusal(checks[out.failed], labels[out.failed], out, tokens, headers)
         return Reservation(principal.tenant, checks, rid, tokens, out.second, headers)
+
+    async def settle_soon(self, res: Reservation, actual: int) -> None:
+        """``settle``, off the caller's path when the limiter is remote: the response does not wait
+        for the round trip (a settlement only lowers a charge or releases a lease, so the next
+        request seeing it a moment late is refused at worst, never admitted wrongly)."""
+        if not self.limiter.remote:
+            await self.settle(res, actual)
+            return
+        task = asyncio.ensure_future(self.settle(res, actual))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def aclose(self) -> None:
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+        await self.limiter.aclose()
 
     async def settle(self, res: Reservation, actual: int) -> None:
         if res.settled:

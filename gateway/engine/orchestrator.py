@@ -168,7 +168,7 @@ class Gateway:
                 actual = estimated + estimate(result.output)
             else:
                 actual = estimated
-            await self.limits.settle(held, actual)
+            await self.limits.settle_soon(held, actual)
 
         return settle
 
@@ -187,4 +187,4 @@ class Gateway:
     async def aclose(self) -> None:
         await self.router.aclose()
         await self.store.aclose()
-        await self.limits.limiter.aclose()
+        await self.limits.aclose()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from typing import Any
@@ -74,11 +75,11 @@ async def test_requests_per_minute_refused_with_headers(backend: tuple[str, str]
         assert [r.status_code for r in oks] == [200, 200, 200]
         assert oks[0].headers["x-ratelimit-limit-requests"] == "3"
         assert [r.headers["x-ratelimit-remaining-requests"] for r in oks] == ["2", "1", "0"]
-        assert oks[0].headers["x-ratelimit-reset-requests"] == "1m0s"
+        assert re.fullmatch(r"1m[01](\.\d+)?s", oks[0].headers["x-ratelimit-reset-requests"])
         r = await post(s, A, stream=True)  # over SSE: an ordinary 429 before the stream
         assert r.status_code == 429
         assert r.headers["content-type"] == "application/json"
-        assert 1 <= int(r.headers["retry-after"]) <= 60
+        assert 1 <= int(r.headers["retry-after"]) <= 61
         err = r.json()["error"]
         assert err["code"] == "rate_limit_exceeded" and err["type"] == "too_many_requests"
         assert "requests per minute of tenant 'a': 3" in err["message"]
