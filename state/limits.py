@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 from urllib.parse import quote
@@ -78,6 +78,18 @@ class Limiter(Protocol):
 
     async def settle(self, tenant: str, checks: Sequence[Check], rid: str, delta: int, second: int) -> None:
         """Correct the tokens charged by ``delta`` (floored at 0) and release ``rid``'s leases."""
+
+    def settle_nowait(
+        self,
+        tenant: str,
+        checks: Sequence[Check],
+        rid: str,
+        delta: int,
+        second: int,
+        done: Callable[[bool], None],
+    ) -> bool:
+        """``settle`` sent without waiting for it (``done(ok)`` reports it); False: not possible
+        now, await ``settle`` instead."""
 
     async def aclose(self) -> None: ...
 
@@ -173,6 +185,17 @@ class MemoryLimiter:
                     held.pop(rid, None)
                     if not held:
                         del self._leases[k]
+
+    def settle_nowait(
+        self,
+        tenant: str,
+        checks: Sequence[Check],
+        rid: str,
+        delta: int,
+        second: int,
+        done: Callable[[bool], None],
+    ) -> bool:
+        return False
 
     async def aclose(self) -> None:
         return None
@@ -379,6 +402,25 @@ class RedisLimiter:
             return
         keys = [self.key(tenant, c.name) for c in todo]
         await self._eval(_SETTLE, keys, [rid, delta, second, *(c.kind for c in todo)])
+
+    def settle_nowait(
+        self,
+        tenant: str,
+        checks: Sequence[Check],
+        rid: str,
+        delta: int,
+        second: int,
+        done: Callable[[bool], None],
+    ) -> bool:
+        if self._lean is None:
+            return False
+        todo = [c for c in checks if c.kind == "c" or (delta and c.kind in "tb")]
+        if not todo:
+            done(True)
+            return True
+        args = [rid, delta, second, *(c.kind for c in todo)]
+        packed = pack_args(*(self.key(tenant, c.name) for c in todo), *args)
+        return self._lean.send_nowait(_SHA[_SETTLE], _SETTLE, len(todo), len(args), packed, done)
 
     async def aclose(self) -> None:
         if self._lean is not None:

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import socket
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import hiredis
@@ -161,6 +162,36 @@ class LeanRedis:
         if isinstance(reply, hiredis.ReplyError):
             raise ServiceUnavailable("limiter unavailable")
         return reply
+
+    def send_nowait(
+        self, sha: str, source: str, nkeys: int, nargs: int, packed: bytes, done: Callable[[bool], None]
+    ) -> bool:
+        """``evalsha`` without waiting: False when no connection is up (the caller then awaits
+        ``evalsha``); else ``done(ok)`` is called with the outcome. No timer of its own: a reply that
+        never comes fails when the connection is dropped (a timed-out ``evalsha`` drops it)."""
+        conn = self._conn
+        if conn is None or conn.lost:
+            return False
+        head = b"*%d\r\n" % (3 + nkeys + nargs)
+        tail = pack_args(nkeys) + packed
+
+        def replied(fut: asyncio.Future[Any], retry: bool = True) -> None:
+            if fut.cancelled() or fut.exception() is not None:
+                done(False)
+                return
+            reply = fut.result()
+            if retry and isinstance(reply, hiredis.ReplyError) and str(reply).startswith("NOSCRIPT"):
+                if conn.lost:
+                    done(False)
+                    return
+                conn.send(head + pack_args("EVAL", source) + tail).add_done_callback(
+                    lambda f: replied(f, retry=False)
+                )
+                return
+            done(not isinstance(reply, hiredis.ReplyError))
+
+        conn.send(head + pack_args("EVALSHA", sha) + tail).add_done_callback(replied)
+        return True
 
     def _drop(self) -> None:
         if self._conn is not None:

@@ -24,8 +24,9 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import math
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import structlog
 
@@ -85,9 +86,10 @@ class TenantLimiter:
         self.socket_lease_ms = int(
             (settings.limits.ws_connection_seconds + settings.limits.ws_drain_seconds + 60) * 1000
         )
-        self._clock = clock or (lambda: dt.datetime.now(dt.UTC).timestamp())
+        self._clock = clock or time.time
         self.errors = 0  # limiter calls that failed (shown on /metrics)
         self._pending: set[asyncio.Task[None]] = set()
+        self._cache: dict[tuple[str, str | None], tuple[list[Check], list[str], float]] = {}
         self.down = False
 
     def _tenant(self, name: str) -> TenantSettings:
@@ -96,8 +98,20 @@ class TenantLimiter:
     # -- which limits ----------------------------------------------------------------------------
     def checks(self, principal: Principal) -> tuple[list[Check], list[str]]:
         """The counters a request of ``principal`` is admitted against, and what each one is (for
-        the refusal's message)."""
+        the refusal's message); cached per key until the budget's period ends."""
+        ck = (principal.tenant, principal.key_name)
+        hit = self._cache.get(ck)
+        if hit is not None and self._clock() < hit[2]:
+            return hit[0], hit[1]
+        checks, labels, until = self._checks(principal)
+        if len(self._cache) >= 10_000:
+            self._cache.clear()
+        self._cache[ck] = (checks, labels, until)
+        return checks, labels
+
+    def _checks(self, principal: Principal) -> tuple[list[Check], list[str], float]:
         tenant = self._tenant(principal.tenant)
+        until = math.inf
         checks: list[Check] = []
         labels: list[str] = []
         key = principal.limits
@@ -119,11 +133,13 @@ class TenantLimiter:
                 labels.append(f"{_WHAT[short]} of {tenant_label}: {limit}")
         if tenant.budget is not None:
             period, left_ms = self._period(tenant.budget.period)
+            # extra: the key's lifetime (at least the rest of the period)
             checks.append(Check("b", f"budget:{period}", tenant.budget.tokens, left_ms))
             labels.append(
                 f"token budget per {tenant.budget.period} of {tenant_label}: {tenant.budget.tokens}"
             )
-        return checks, labels
+            until = self._clock() + left_ms / 1000
+        return checks, labels, until
 
     def _period(self, period: str) -> tuple[str, int]:
         now = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
@@ -161,7 +177,11 @@ class TenantLimiter:
         self._ok()
         headers = _headers(checks, out)
         if out.failed is not None:
-            raise _refusal(checks[out.failed], labels[out.failed], out, tokens, headers)
+            check = checks[out.failed]
+            if check.kind == "b":  # when the period ends (check.extra may be from earlier)
+                budget = self._tenant(principal.tenant).budget
+                check = replace(check, extra=self._period(budget.period if budget else "day")[1])
+            raise _refusal(check, labels[out.failed], out, tokens, headers)
         return Reservation(principal.tenant, checks, rid, tokens, out.second, headers)
 
     async def settle_soon(self, res: Reservation, actual: int) -> None:
@@ -170,6 +190,12 @@ class TenantLimiter:
         request seeing it a moment late is refused at worst, never admitted wrongly)."""
         if not self.limiter.remote:
             await self.settle(res, actual)
+            return
+        if res.settled:
+            return
+        delta = actual - res.tokens
+        if self.limiter.settle_nowait(res.tenant, res.checks, res.rid, delta, res.second, self._settled):
+            res.settled = True
             return
         task = asyncio.ensure_future(self.settle(res, actual))
         self._pending.add(task)
@@ -202,6 +228,9 @@ class TenantLimiter:
         )
 
     # -- outages ---------------------------------------------------------------------------------
+    def _settled(self, ok: bool) -> None:
+        self._ok() if ok else self._failed()
+
     def _failed(self) -> None:
         self.errors += 1
         if not self.down:
@@ -217,19 +246,21 @@ class TenantLimiter:
 def _headers(checks: list[Check], out: Outcome) -> dict[str, str]:
     """The ``x-ratelimit-*`` headers: for requests and for tokens, the per-minute limit with the
     least left (the key's or the tenant's)."""
+    best: dict[str, tuple[int, int, int]] = {}  # kind: remaining, limit, reset
+    for i in range(len(out.used)):
+        c = checks[i]
+        if c.kind == "r" or c.kind == "t":
+            left = c.limit - out.used[i]
+            have = best.get(c.kind)
+            if have is None or left < have[0]:
+                best[c.kind] = (left if left > 0 else 0, c.limit, out.reset_ms[i])
     headers: dict[str, str] = {}
     for kind, what in (("r", "requests"), ("t", "tokens")):
-        best: tuple[int, int, int] | None = None  # remaining, limit, reset
-        for i, c in enumerate(checks):
-            if c.kind != kind or i >= len(out.used):
-                continue
-            cand = (max(0, c.limit - out.used[i]), c.limit, out.reset_ms[i])
-            if best is None or cand[0] < best[0]:
-                best = cand
-        if best is not None:
-            headers[f"x-ratelimit-limit-{what}"] = str(best[1])
-            headers[f"x-ratelimit-remaining-{what}"] = str(best[0])
-            headers[f"x-ratelimit-reset-{what}"] = reset_text(best[2])
+        if kind in best:
+            left, limit, reset = best[kind]
+            headers[f"x-ratelimit-limit-{what}"] = str(limit)
+            headers[f"x-ratelimit-remaining-{what}"] = str(left)
+            headers[f"x-ratelimit-reset-{what}"] = reset_text(reset)
     return headers
 
 
