@@ -31,7 +31,6 @@ The counters (``Check.kind``):
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import time
 from collections.abc import Callable, Sequence
@@ -39,7 +38,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 from urllib.parse import quote
 
-from gateway.kernel.errors import ServiceUnavailable
 from state.resp import LeanRedis, pack_args
 
 Kind = Literal["r", "t", "b", "c"]
@@ -368,23 +366,10 @@ class RedisLimiter:
         return f"{{{self.key_prefix}:{quote(tenant, safe='')}}}:l:{name}"
 
     async def _run(self, call: Any) -> Any:
-        """Bounded by ``timeout_seconds`` in all; a failure is a ServiceUnavailable naming no server."""
-        from redis.exceptions import RedisError
+        from state.redis import bounded  # redis-py: imported only for rediss://
 
-        task = asyncio.ensure_future(call)
-        try:
-            done, _ = await asyncio.wait((task,), timeout=self.timeout)
-        except asyncio.CancelledError:
-            task.cancel()
-            raise
-        if not done:
-            task.cancel()
-            task.add_done_callback(_consume)
-            raise ServiceUnavailable("limiter unavailable")
-        try:
-            return task.result()
-        except (RedisError, OSError, TimeoutError):
-            raise ServiceUnavailable("limiter unavailable") from None
+        # the engine logs an outage once (gateway/engine/limits.py), not every failed call
+        return await bounded(call, self.timeout, "limiter", log_errors=False)
 
     async def admit(self, tenant: str, checks: Sequence[Check], rid: str, tokens: int) -> Outcome:
         keys = [self.key(tenant, c.name) for c in checks]
@@ -427,8 +412,3 @@ class RedisLimiter:
             await self._lean.aclose()
         else:
             await self._client.aclose()
-
-
-def _consume(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled():
-        task.exception()

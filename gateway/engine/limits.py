@@ -25,8 +25,9 @@ import asyncio
 import datetime as dt
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
+from typing import Any
 
 import structlog
 
@@ -194,10 +195,23 @@ class TenantLimiter:
         if res.settled:
             return
         delta = actual - res.tokens
-        if self.limiter.settle_nowait(res.tenant, res.checks, res.rid, delta, res.second, self._settled):
+
+        def done(ok: bool) -> None:
+            if ok:
+                self._ok()
+            else:
+                # Release the leases once more, awaited on a fresh connection (a lost one would
+                # hold for minutes); the tokens stay as reserved, as the first try may have landed.
+                res.settled = False
+                self._spawn(self.settle(res, res.tokens))
+
+        if self.limiter.settle_nowait(res.tenant, res.checks, res.rid, delta, res.second, done):
             res.settled = True
             return
-        task = asyncio.ensure_future(self.settle(res, actual))
+        self._spawn(self.settle(res, actual))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
@@ -228,9 +242,6 @@ class TenantLimiter:
         )
 
     # -- outages ---------------------------------------------------------------------------------
-    def _settled(self, ok: bool) -> None:
-        self._ok() if ok else self._failed()
-
     def _failed(self) -> None:
         self.errors += 1
         if not self.down:
