@@ -5,13 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from gateway.engine.auth import Principal
+from gateway.engine.limits import TenantLimiter
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.routing import Router
 from gateway.engine.validate import create_request
-from gateway.kernel.errors import RateLimited
+from gateway.kernel.errors import RateLimited, ServiceUnavailable
 from gateway.kernel.settings import Settings
+from state.limits import MemoryLimiter
 from state.memory import MemoryStore
 
 
@@ -43,3 +46,53 @@ async def test_a_prepare_failing_after_admission_releases_its_lease(monkeypatch:
     await turn.run()
     await (await gw.prepare(body(), who)).run()  # released at the end of the turn
     await gw.aclose()
+
+
+class _Down:
+    """A limiter that fails while ``down`` is set."""
+
+    remote = True
+
+    def __init__(self) -> None:
+        self.down = True
+        self.inner = MemoryLimiter()
+
+    async def admit(self, *a: Any) -> Any:
+        if self.down:
+            raise ServiceUnavailable("limiter unavailable")
+        return await self.inner.admit(*a)
+
+    async def settle(self, *a: Any) -> None:
+        if self.down:
+            raise ServiceUnavailable("limiter unavailable")
+        await self.inner.settle(*a)
+
+    def settle_nowait(self, *a: Any) -> bool:
+        return False
+
+    async def aclose(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("mode", ["allow", "deny"])
+async def test_an_outage_is_logged_once_and_counted(mode: str) -> None:
+    s = Settings(tenants={"t": {"limits": {"requests_per_minute": 5}}}, limits={"on_limiter_error": mode})
+    down = _Down()
+    lim = TenantLimiter(s, down)
+    who = Principal(tenant="t")
+    checks, labels = lim.checks(who)
+    with capture_logs() as logs:
+        for _ in range(3):
+            if mode == "allow":
+                assert await lim.reserve(who, checks, labels, 0) is None  # served unlimited
+            else:
+                with pytest.raises(ServiceUnavailable):
+                    await lim.reserve(who, checks, labels, 0)
+        down.down = False
+        held = await lim.reserve(who, checks, labels, 0)
+        assert held is not None
+        await lim.settle_soon(held, 0)
+        await lim.aclose()
+    events = [e["event"] for e in logs]
+    assert events == ["limiter_unavailable", "limiter_available"]
+    assert lim.errors == 3
