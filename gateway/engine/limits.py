@@ -100,7 +100,7 @@ class TenantLimiter:
     def checks(self, principal: Principal) -> tuple[list[Check], list[str]]:
         """The counters a request of ``principal`` is admitted against, and what each one is (for
         the refusal's message); cached per key until the budget's period ends."""
-        ck = (principal.tenant, principal.key_name)
+        ck = (principal.tenant, principal.key_name)  # a name names one key of a tenant (settings)
         hit = self._cache.get(ck)
         if hit is not None and self._clock() < hit[2]:
             return hit[0], hit[1]

@@ -434,12 +434,18 @@ class Settings(BaseSettings):
         problems = []
         keys = self.auth.api_keys or []
         seen: dict[bytes, int] = {}
+        names: dict[tuple[str, str], int] = {}
         for i, k in enumerate(keys):
             first = seen.setdefault(k.digest(), i)
             if first != i:
                 owner = keys[first].tenant
                 why = f"the same key as auth.api_keys.{first} (tenant '{owner}'): a key names one tenant"
                 problems.append((f"auth.api_keys.{i}", why))
+            if k.name is not None:
+                named = names.setdefault((k.tenant, k.name), i)
+                if named != i:
+                    why = f"the same name as auth.api_keys.{named}: a key's limits are counted by its name"
+                    problems.append((f"auth.api_keys.{i}.name", why))
             for j, model in enumerate(k.models or ()):
                 if not self.routes_model(model, table):
                     problems.append((f"auth.api_keys.{i}.models.{j}", f"unknown model '{model}'"))

@@ -96,3 +96,13 @@ async def test_an_outage_is_logged_once_and_counted(mode: str) -> None:
     events = [e["event"] for e in logs]
     assert events == ["limiter_unavailable", "limiter_available"]
     assert lim.errors == 3
+
+
+def test_two_keys_of_a_tenant_may_not_share_a_name() -> None:
+    from gateway.kernel.settings import ConfigError, load_settings
+
+    keys = [{"key": "k1", "tenant": "t", "name": "ci"}, {"key": "k2", "tenant": "t", "name": "ci"}]
+    with pytest.raises(ConfigError, match=r"auth\.api_keys\.1\.name: the same name as auth\.api_keys\.0"):
+        load_settings(auth={"api_keys": keys})
+    keys[1]["tenant"] = "u"
+    assert load_settings(auth={"api_keys": keys}).auth.api_keys is not None
