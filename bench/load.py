@@ -307,10 +307,11 @@ class Target:
             return v.encode() if isinstance(v, str) else None
 
         body = orjson.dumps(d["body"])
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (d.get("headers") or {}).items())
         return cls(
             d.get("host", "127.0.0.1"),
             int(d["port"]),
-            post(d.get("host", "127.0.0.1"), int(d["port"]), d["path"], body),
+            post(d.get("host", "127.0.0.1"), int(d["port"]), d["path"], body, extra),
             Patterns(b("marker"), b("events"), b("deltas")),
         )
 

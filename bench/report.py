@@ -239,6 +239,28 @@ def render(r: dict[str, Any]) -> str:
             t.row("KiB of RSS per stored response", num((a - b) / st["completed"], 2))
         t.text("relay stages send store=false; the stored responses are store=true mock JSON answers")
 
+    lim = r.get("limits")
+    if isinstance(lim, dict) and lim:
+        t.title("Tenancy limits in Redis (loopback): limited vs unlimited tenant, one gateway, mock JSON")
+        if "skipped" in lim:
+            t.text(f"skipped: {lim['skipped']}")
+        else:
+            t.header("", "unlimited p50", "limited p50", "added p50 (ms)", "unl. p99", "lim. p99")
+            for key in ("c1", "c64"):
+                res = lim.get(key) or {}
+                u, m = get(res, "unlimited", "latency_ms"), get(res, "limited", "latency_ms")
+                t.row(
+                    f"c={key[1:]} latency (ms)",
+                    num(get(u, "p50"), 3),
+                    num(get(m, "p50"), 3),
+                    signed(lim.get(f"added_p50_{key}_ms"), 3),
+                    num(get(u, "p99"), 3),
+                    num(get(m, "p99"), 3),
+                )
+                if e := _errors(res):
+                    t.text(f"c={key[1:]}: {e}")
+            t.text("limited: key + tenant RPM, TPM, concurrency and a budget (admit + settle: 2 EVALSHA)")
+
     if "info_json_c1" in r:
         t.title("With info-level access logs (a second gateway process, log to a file)")
         t.header("", *cols)

@@ -124,6 +124,8 @@ class Plan:
     ws_idle: int
     profile_seconds: float
     stored: int  # store=true requests of the stored-responses stage
+    limits_c1: Stage  # tenancy limits in Redis vs none, one gateway, mock JSON
+    limits_c64: Stage
     settle_seconds: float  # at most this long waiting for the gateway to go idle before a stage
 
 
@@ -144,6 +146,8 @@ FULL = Plan(
     agent_turns=20,
     ws_idle=1000,
     stored=10_000,
+    limits_c1=Stage(2000, 6, rounds=2, warmup=100),
+    limits_c64=Stage(16000, 8, rounds=2, warmup=256),
     profile_seconds=8,
     settle_seconds=4,
 )
@@ -166,6 +170,8 @@ QUICK = Plan(
     agent_turns=20,
     ws_idle=250,
     stored=3000,
+    limits_c1=Stage(800, 2, rounds=2, warmup=50),
+    limits_c64=Stage(6000, 3, rounds=2, warmup=128),
     profile_seconds=4,
     settle_seconds=2,
 )
@@ -230,11 +236,14 @@ def target(
 class GatewayHandle:
     """The gateway process of one configuration, restartable on the same port."""
 
-    def __init__(self, bench: Bench, log_level: str, tag: str) -> None:
+    def __init__(self, bench: Bench, log_level: str, tag: str, extra: list[str] | None = None) -> None:
         self.bench = bench
         self.tag = tag
         self.config = bench.tmp / f"gateway-{tag}.yaml"
         write_config(self.config, bench.up_port, log_level, GATEWAY_MODELS)
+        if extra:
+            with self.config.open("a") as f:
+                f.write("\n".join(extra) + "\n")
         self.log = bench.tmp / f"gateway-{tag}.log"
         self.port = free_port()
         self.restarts: list[dict[str, Any]] = []
@@ -440,6 +449,8 @@ class Bench:
             r["agent"] = {"skipped": "gateway/api/ws.py does not exist yet"}
         # 4b. what the in-process store holds: store=true responses, up to its entry bound
         r["stored"] = self.stored_responses(gw)
+        # 4c. tenancy limits: the limiter's added latency (issue 9)
+        r["limits"] = self.limits()
         r["memory"]["gateway_end_kb"] = proc_status(gw.pid)
         r["memory"]["upstream_end_kb"] = proc_status(up.pid)
         r["memory"]["load_end_kb"] = proc_status(self.load.proc.pid)
@@ -474,6 +485,56 @@ class Bench:
         r["meta"]["seconds"] = round(time.monotonic() - self.t0, 1)
         r["meta"]["loadavg_end"] = os.getloadavg()
         return r
+
+    def limits(self) -> dict[str, Any]:
+        """The tenancy limiter's added latency: one gateway process with a Redis on loopback and two
+        tenants, ``lim`` (every limit and a budget, set high enough never to refuse: each request
+        pays an admission and a settlement, two EVALSHA round trips) and ``free`` (no limits), the
+        same mock JSON request (store: false) for both, interleaved in rounds."""
+        binary = shutil.which("redis-server")
+        if binary is None:
+            return {"skipped": "no redis-server on PATH"}
+        rport = free_port()
+        redis = Proc(
+            "redis",
+            [binary, "--port", str(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.procs.append(redis)
+        time.sleep(0.3)
+        gw = GatewayHandle(
+            self,
+            "warning",
+            "limits",
+            extra=[
+                "auth:",
+                "  api_keys:",
+                "    - {key: sk-free, tenant: free}",
+                "    - {key: sk-lim, tenant: lim, limits: {requests_per_minute: 1000000000}}",
+                "tenants:",
+                "  lim:",
+                "    limits: {requests_per_minute: 1000000000, tokens_per_minute: 1000000000000,",
+                "             concurrent_requests: 1000000}",
+                "    budget: {tokens: 1000000000000000, period: month}",
+                "state:",
+                f"  redis_url: redis://127.0.0.1:{rport}/0",
+            ],
+        )
+        body = gw_body("mock", False)
+        lim = {**target(gw.port, "/v1/responses", body), "headers": {"Authorization": "Bearer sk-lim"}}
+        free = {**target(gw.port, "/v1/responses", body), "headers": {"Authorization": "Bearer sk-free"}}
+        out: dict[str, Any] = {}
+        for key, stage, c in (("c1", self.plan.limits_c1, 1), ("c64", self.plan.limits_c64, 64)):
+            res = self.http(f"limits c={c}", stage, c, gw, {"limited": lim, "unlimited": free})
+            out[key] = res
+            if isinstance(res, dict) and "limited" in res:
+                p50 = [report.get(res, name, "latency_ms", "p50") for name in ("limited", "unlimited")]
+                if None not in p50:
+                    out[f"added_p50_{key}_ms"] = round(p50[0] - p50[1], 4)
+        gw.stop()
+        redis.stop()
+        return out
 
     def preflight(self, port: int) -> bool:
         """One request per route, so that a broken route is reported at once, not as a wall of errors."""

@@ -26,7 +26,7 @@ from gateway.engine.routing import Router
 from gateway.kernel.errors import GatewayError, InvalidRequest, NotFound, ServerError
 from gateway.kernel.settings import Settings, load_settings
 from gateway.metrics import Metrics
-from state.factory import create_ledger, create_store
+from state.factory import create_ledger, create_limiter, create_store
 
 log = structlog.get_logger("gateway.app")
 
@@ -40,6 +40,7 @@ def build_gateway(settings: Settings) -> Gateway:
         ledger=create_ledger(settings.state, store),
         open_compaction=Opener(Sealer.from_settings(settings.compaction)),
         fit_context=fit_context,
+        limiter=create_limiter(settings.state),
     )
 
 
@@ -91,6 +92,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         gateway = build_gateway(settings)
         app.state.gateway = gateway
+        app.state.metrics.limiter_errors = lambda: gateway.limits.errors
         log.info(
             "gateway_started",
             url=getattr(app.state, "url", None),  # set by the CLI, which knows where it listens

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -19,6 +19,8 @@ class Metrics:
         self.latency_count = 0
         self.ws_connections = 0
         self._models: set[str] = set()
+        # how many calls to the tenancy limits' limiter failed (set by the app: the engine counts)
+        self.limiter_errors: Callable[[], int] = lambda: 0
 
     def _label(self, model: str) -> str:
         if model in self._models:
@@ -62,6 +64,8 @@ class Metrics:
         lines.append(f"gateway_request_seconds_count {self.latency_count}")
         lines.append("# TYPE gateway_websocket_connections gauge")
         lines.append(f"gateway_websocket_connections {self.ws_connections}")
+        lines.append("# TYPE gateway_limiter_errors_total counter")
+        lines.append(f"gateway_limiter_errors_total {self.limiter_errors()}")
         return "\n".join(lines) + "\n"
 
 

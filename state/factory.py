@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gateway.kernel.settings import StateSettings
 from state.base import ResponseStore
+from state.limits import Limiter, MemoryLimiter
 from state.memory import MemoryStore
 from state.usage import MemoryLedger, UsageLedger
 
@@ -37,3 +38,16 @@ def create_ledger(settings: StateSettings, store: ResponseStore) -> UsageLedger:
         assert isinstance(store, RedisStore)
         return RedisLedger(store)
     return MemoryLedger()
+
+
+def create_limiter(settings: StateSettings) -> Limiter:
+    """The tenancy limits' counters: in Redis (shared by every replica) when ``redis_url`` is set."""
+    if settings.redis_url is not None:
+        from state.limits import RedisLimiter
+
+        return RedisLimiter(
+            settings.redis_url.get_secret_value(),
+            key_prefix=settings.key_prefix,
+            timeout_seconds=settings.timeout_seconds,
+        )
+    return MemoryLimiter()

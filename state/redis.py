@@ -154,26 +154,7 @@ class RedisStore:
 
     # -- plumbing ----------------------------------------------------------------------------
     async def _call(self, awaitable: Awaitable[T]) -> T:
-        """Bound the whole operation by ``timeout_seconds``; a down Redis is a 503, never a hang
-        and never a message naming the server."""
-        task = asyncio.ensure_future(awaitable)
-        try:
-            done, _ = await asyncio.wait((task,), timeout=self.timeout)
-        except asyncio.CancelledError:
-            task.cancel()
-            raise
-        if not done:
-            # Give up now; redis-py's own cleanup of a cancelled call can take seconds against a
-            # silent server, and the caller must not wait for it.
-            task.cancel()
-            task.add_done_callback(_consume)
-            log.warning("state store error: %s", "timeout")
-            raise ServiceUnavailable("state store unavailable") from None
-        try:
-            return task.result()
-        except (RedisError, OSError, TimeoutError) as exc:
-            log.warning("state store error: %s", type(exc).__name__)
-            raise ServiceUnavailable("state store unavailable") from None
+        return await bounded(awaitable, self.timeout, "state store")
 
     async def _script(self, script: _Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:
@@ -252,6 +233,31 @@ class RedisStore:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+async def bounded(awaitable: Awaitable[T], seconds: float, what: str, *, log_errors: bool = True) -> T:
+    """Bound the whole operation by ``seconds``; a down Redis is a 503, never a hang and never a
+    message naming the server. ``what``: the store or the limiter, in the log line and message."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        done, _ = await asyncio.wait((task,), timeout=seconds)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not done:
+        # Give up now; redis-py's own cleanup of a cancelled call can take seconds against a
+        # silent server, and the caller must not wait for it.
+        task.cancel()
+        task.add_done_callback(_consume)
+        if log_errors:
+            log.warning("%s error: %s", what, "timeout")
+        raise ServiceUnavailable(f"{what} unavailable") from None
+    try:
+        return task.result()
+    except (RedisError, OSError, TimeoutError) as exc:
+        if log_errors:
+            log.warning("%s error: %s", what, type(exc).__name__)
+        raise ServiceUnavailable(f"{what} unavailable") from None
 
 
 def _consume(task: asyncio.Future[Any]) -> None:

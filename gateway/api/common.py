@@ -41,6 +41,9 @@ access_log = structlog.get_logger("gateway.access")
 def error_response(err: GatewayError, headers: dict[str, str] | None = None) -> Response:
     """``err`` as the spec's JSON error body; a rate limit also says when to come back (Retry-After,
     in whole seconds: the upstream's own when it gave one)."""
+    extra = getattr(err, "headers", None)
+    if extra:
+        headers = {**(headers or {}), **extra}
     retry_after = getattr(err, "retry_after", None)
     if retry_after is not None and err.status in (429, 503):
         headers = {**(headers or {}), "retry-after": str(max(1, math.ceil(retry_after)))}

@@ -54,6 +54,9 @@ async def create_response(scope: Scope, receive: Receive, send: Send) -> None:
         rlog.routed = True
         turn.on_end(lambda result: rlog.turn_ended(metrics, result))
         extra = [(b"x-request-id", rlog.request_id.encode())]
+        if turn.rate_headers:
+            headers.update(turn.rate_headers)
+            extra += [(k.encode(), v.encode()) for k, v in turn.rate_headers.items()]
         try:
             if body.stream:
                 stalls: StallWatch = request.app.state.stall_watch

@@ -91,23 +91,28 @@ async def responses_socket(websocket: WebSocket) -> None:
         principal = gw.auth.authenticate(websocket.headers.get("authorization"))
         if hub.draining:
             raise ServiceUnavailable("The gateway is shutting down; connect again shortly.")
+        lease = await gw.limits.open_socket(principal)  # tenants.<name>.limits.websocket_connections
     except GatewayError as err:
         rlog = RequestLog(cast(Request, websocket), "websocket")
         rlog.emit(err.status, error_code=err.code, phase="upgrade")
         await websocket.send_denial_response(error_response(err))
         return
-    await websocket.accept()
-    conn = Connection(websocket, gw, principal, metrics)
-    stalls: StallWatch = app.state.stall_watch
-    hub.add(conn)
-    stalls.add(conn)
-    metrics.ws_connections += 1
     try:
-        await conn.serve()
+        await websocket.accept()
+        conn = Connection(websocket, gw, principal, metrics)
+        stalls: StallWatch = app.state.stall_watch
+        hub.add(conn)
+        stalls.add(conn)
+        metrics.ws_connections += 1
+        try:
+            await conn.serve()
+        finally:
+            metrics.ws_connections -= 1
+            stalls.discard(conn)
+            hub.discard(conn)
     finally:
-        metrics.ws_connections -= 1
-        stalls.discard(conn)
-        hub.discard(conn)
+        if lease is not None:
+            await gw.limits.settle(lease, 0)
 
 
 class Connection:

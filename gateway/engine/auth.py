@@ -9,7 +9,7 @@ import hmac
 from dataclasses import dataclass
 
 from gateway.kernel.errors import AuthenticationFailed, PermissionDenied
-from gateway.kernel.settings import Settings
+from gateway.kernel.settings import KeyLimits, Settings
 
 
 @dataclass(slots=True, frozen=True)
@@ -19,6 +19,7 @@ class Principal:
     # Names the key in log lines: "sha256:" and the first 12 hex digits of its SHA-256 digest (the
     # same for a key configured plain or as a digest), never the key. None: auth is off.
     key_name: str | None = None
+    limits: KeyLimits | None = None  # the key's own limits (gateway/engine/limits.py)
 
 
 ANONYMOUS = Principal(tenant="default")
@@ -43,16 +44,19 @@ class Authenticator:
         self.enabled = settings.auth.enabled
         tenants = settings.tenants
 
-        def principal(tenant: str, models: list[str] | None, key_name: str | None) -> Principal:
+        def principal(
+            tenant: str, models: list[str] | None, key_name: str | None, limits: KeyLimits | None = None
+        ) -> Principal:
             t = tenants.get(tenant)
-            return Principal(tenant, allowed_models(models, t.models if t else None), key_name)
+            return Principal(tenant, allowed_models(models, t.models if t else None), key_name, limits)
 
         self.anonymous = principal("default", None, None)
         # the settings refuse a key given twice, so no entry here overwrites another
         self._by_digest: dict[bytes, Principal | Admin] = {}
         for k in settings.auth.api_keys or ():
             digest = k.digest()
-            self._by_digest[digest] = principal(k.tenant, k.models, k.name or f"sha256:{digest.hex()[:12]}")
+            name = k.name or f"sha256:{digest.hex()[:12]}"
+            self._by_digest[digest] = principal(k.tenant, k.models, name, k.limits)
         for a in settings.admin.api_keys:
             self._by_digest[a.digest()] = Admin(a.name)
 

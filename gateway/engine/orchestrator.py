@@ -19,6 +19,7 @@ import orjson
 
 from gateway.engine.auth import Authenticator, Principal
 from gateway.engine.context import CompactionOpener, Context, build_context
+from gateway.engine.limits import Reservation, TenantLimiter
 from gateway.engine.resource import Echoes, new_resource
 from gateway.engine.routing import Route, Router
 from gateway.engine.store_health import StoreHealth
@@ -26,10 +27,12 @@ from gateway.engine.turn import Turn, TurnResult
 from gateway.engine.upstream import upstream_request
 from gateway.engine.usage import Meter
 from gateway.kernel.errors import InvalidRequest, ServiceUnavailable
+from gateway.kernel.estimate import estimate
 from gateway.kernel.ids import response_id
 from gateway.kernel.settings import Settings
 from gateway.kernel.spec.request import CreateResponseBody
 from state.base import ConnectionCache, ResponseStore, StoredResponse
+from state.limits import Limiter, MemoryLimiter
 from state.usage import MemoryLedger, UsageLedger
 
 
@@ -47,6 +50,7 @@ class Gateway:
         open_compaction: CompactionOpener | None = None,
         fit_context: ContextFitter | None = None,
         ledger: UsageLedger | None = None,
+        limiter: Limiter | None = None,
     ) -> None:
         self.settings = settings
         self.router = router
@@ -56,6 +60,7 @@ class Gateway:
         self.open_compaction = open_compaction
         self.fit_context = fit_context
         self.store_health = StoreHealth(store, settings.state.health_recheck_seconds)
+        self.limits = TenantLimiter(settings, limiter or MemoryLimiter())
 
     def retains(self, tenant: str) -> bool:
         """Whether the tenant's conversations may be stored (``retention: standard``)."""
@@ -121,10 +126,43 @@ class Gateway:
             await self.store_health.require()  # refuse before any upstream spend, not after
         ctx = await self.context(body.input, body.previous_response_id, principal, cache)
         echoes = Echoes.of(body)
+        # instructions and tool schemas take room in the window too
+        reserved = (len(body.instructions or "") + len(orjson.dumps(echoes.tools))) // 4
         if self.fit_context is not None:
-            # instructions and tool schemas take room in the window too
-            reserved = (len(body.instructions or "") + len(orjson.dumps(echoes.tools))) // 4
             ctx = self.fit_context(ctx, route, body.truncation or "disabled", reserved=reserved)
+        # the tenancy limits, last before the upstream call: a refusal costs nothing upstream
+        checks, labels = self.limits.checks(principal)
+        estimated = charge = 0
+        if self.limits.wants_tokens(checks):
+            estimated = (ctx.tokens if ctx.tokens is not None else estimate(ctx.transcript)) + reserved
+            charge = estimated + (body.max_output_tokens or self.limits.output_reservation)
+        held = await self.limits.reserve(principal, checks, labels, charge)
+        try:
+            turn = self._turn(
+                body, principal, route, ctx, echoes, store, streaming, error_event, request_id, metered
+            )
+        except BaseException:
+            if held is not None:
+                await self.limits.settle(held, 0)
+            raise
+        if held is not None:
+            turn.rate_headers = held.headers
+            turn.on_end(self._settle_hook(held, estimated))  # runs whatever the other hooks do
+        return turn
+
+    def _turn(
+        self,
+        body: CreateResponseBody,
+        principal: Principal,
+        route: Route,
+        ctx: Context,
+        echoes: Echoes,
+        store: bool,
+        streaming: bool,
+        error_event: bool,
+        request_id: str | None,
+        metered: bool,
+    ) -> Turn:
         rid = response_id()
         resource = new_resource(body, response_id=rid, model=route.model, store=store, echoes=echoes)
         turn = Turn(
@@ -154,6 +192,19 @@ class Gateway:
             turn.on_end(self.meter.hook(principal, route.model))
         return turn
 
+    def _settle_hook(self, held: Reservation, estimated: int) -> Callable[[TurnResult], Awaitable[None]]:
+        async def settle(result: TurnResult) -> None:
+            usage = result.usage
+            if usage:
+                actual = int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
+            elif result.started:  # cancelled or failed mid-stream: what was produced
+                actual = estimated + estimate(result.output)
+            else:
+                actual = estimated
+            await self.limits.settle_soon(held, actual)
+
+        return settle
+
     def _store_hook(self, stored: StoredResponse) -> Callable[[TurnResult], Awaitable[None]]:
         async def keep(result: TurnResult) -> None:
             if result.ended:
@@ -170,3 +221,4 @@ class Gateway:
         await self.router.aclose()
         await self.meter.ledger.aclose()
         await self.store.aclose()
+        await self.limits.aclose()

@@ -93,6 +93,7 @@ class Turn:
         "_stream",
         "builder",
         "max_events",
+        "rate_headers",
         "request",
         "result",
     )
@@ -120,6 +121,8 @@ class Turn:
         self._dropped: set[int | str] = set()
         self._hooks: list[TurnHook] = []
         self._hooks_done = False
+        # the x-ratelimit-* headers of the admission (gateway/engine/limits.py), for the transport
+        self.rate_headers: dict[str, str] = {}
 
     @property
     def route(self) -> Route:

@@ -17,6 +17,7 @@
     │                                                               tenant's usage)
     ├── NotFound                      404    not_found              not_found
     ├── RateLimited                   429    too_many_requests      rate_limit_exceeded (retry_after)
+    │   └── QuotaExceeded             429    too_many_requests      insufficient_quota (a budget)
     ├── ServiceUnavailable            503    server_error           service_unavailable (e.g. the
     │                                                               state store is down)
     └── UpstreamError                 502    server_error           upstream_error (retryable or not)
@@ -160,9 +161,23 @@ class RateLimited(GatewayError):
     type = "too_many_requests"
     code = "rate_limit_exceeded"
 
-    def __init__(self, message: str, *, retry_after: float | None = None, **kw: Any) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        headers: dict[str, str] | None = None,
+        **kw: Any,
+    ) -> None:
         super().__init__(message, **kw)
         self.retry_after = retry_after
+        self.headers = headers  # extra response headers (the x-ratelimit-* of a gateway limit)
+
+
+class QuotaExceeded(RateLimited):
+    """A tenant's token budget is spent for its period."""
+
+    code = "insufficient_quota"
 
 
 class ServiceUnavailable(GatewayError):

@@ -306,6 +306,11 @@ class Limits(_Strict):
     max_header_bytes: int = Field(default=64 * 1024, ge=1024)
     header_read_seconds: float = Field(default=10.0, gt=0)  # a whole head, from its first byte (-> 408)
     body_read_seconds: float = Field(default=10.0, gt=0)  # a whole body, from the end of its head (-> 408)
+    # the tenancy limits' limiter (Redis) unreachable: allow serves unlimited, deny answers 503
+    on_limiter_error: Literal["allow", "deny"] = "allow"
+    # output tokens reserved against tokens_per_minute and budgets when a request sets no
+    # max_output_tokens (settled to the real usage at the end of the turn)
+    output_token_reservation: int = Field(default=4096, ge=1)
 
 
 class CompactionSettings(_Strict):
@@ -430,12 +435,18 @@ class Settings(BaseSettings):
         problems = []
         keys = self.auth.api_keys or []
         seen: dict[bytes, int] = {}
+        names: dict[tuple[str, str], int] = {}
         for i, k in enumerate(keys):
             first = seen.setdefault(k.digest(), i)
             if first != i:
                 owner = keys[first].tenant
                 why = f"the same key as auth.api_keys.{first} (tenant '{owner}'): a key names one tenant"
                 problems.append((f"auth.api_keys.{i}", why))
+            if k.name is not None:
+                named = names.setdefault((k.tenant, k.name), i)
+                if named != i:
+                    why = f"the same name as auth.api_keys.{named}: a key's limits are counted by its name"
+                    problems.append((f"auth.api_keys.{i}.name", why))
             for j, model in enumerate(k.models or ()):
                 if not self.routes_model(model, table):
                     problems.append((f"auth.api_keys.{i}.models.{j}", f"unknown model '{model}'"))

@@ -1,0 +1,109 @@
+"""The limit counters (state/limits.py): the same semantics in process and in Redis."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from gateway.kernel.errors import ServiceUnavailable
+from state.limits import Check, Limiter, MemoryLimiter, RedisLimiter
+from tests.redis_server import delete_prefix, free_port, redis_url, unique_prefix
+
+RPM = Check("r", "rpm", 3)
+TPM = Check("t", "tpm", 1000)
+CONC = Check("c", "conc", 2, 60_000)
+BUDGET = Check("b", "budget:x", 500, 3_600_000)
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def limiter(request: pytest.FixtureRequest) -> AsyncIterator[Limiter]:
+    if request.param == "memory":
+        yield MemoryLimiter()
+        return
+    p = unique_prefix()
+    lim = RedisLimiter(redis_url(), key_prefix=p, timeout_seconds=2)
+    try:
+        yield lim
+    finally:
+        await lim.aclose()
+        delete_prefix(redis_url(), "{" + p)
+
+
+async def test_requests_sliding_log(limiter: Limiter) -> None:
+    outs = [await limiter.admit("t", [RPM], f"r{i}", 0) for i in range(4)]
+    assert [o.failed for o in outs] == [None, None, None, 0]
+    assert [o.used[0] for o in outs] == [1, 2, 3, 3]
+    assert 60_000 <= outs[3].retry_ms <= 61_000
+    assert (await limiter.admit("other", [RPM], "x", 0)).failed is None  # per tenant
+
+
+async def test_all_or_nothing_and_settlement(limiter: Limiter) -> None:
+    first = await limiter.admit("t", [CONC, TPM, BUDGET], "a", 400)
+    assert first.failed is None and first.used == [1, 400, 400]
+    # the budget refuses: nothing else is charged
+    refused = await limiter.admit("t", [CONC, TPM, BUDGET], "b", 200)
+    assert refused.failed == 2 and refused.retry_ms == 3_600_000
+    again = await limiter.admit("t", [CONC, TPM, BUDGET], "c", 50)
+    assert again.failed is None and again.used == [2, 450, 450]
+    assert (await limiter.admit("t", [CONC], "d", 0)).failed == 0  # two leases held
+    await limiter.settle("t", [CONC, TPM, BUDGET], "a", -390, first.second)  # used 10 of 400
+    after = await limiter.admit("t", [CONC, TPM, BUDGET], "e", 0)
+    assert after.failed is None and after.used == [2, 60, 60]
+    never = await limiter.admit("t", [TPM], "f", 5000)
+    assert never.failed == 0 and never.retry_ms == -1
+
+
+async def test_concurrent_admissions_never_overshoot(limiter: Limiter) -> None:
+    outs = await asyncio.gather(*(limiter.admit("t", [RPM, BUDGET], f"r{i}", 100) for i in range(20)))
+    assert sum(o.failed is None for o in outs) == 3  # RPM 3 (budget 500 would admit 5)
+
+
+async def test_memory_window_has_no_double_burst_at_a_minute_edge() -> None:
+    now = [1000.5]
+    lim = MemoryLimiter(clock=lambda: now[0])
+    assert all([(await lim.admit("t", [RPM], str(i), 0)).failed is None for i in range(3)])
+    now[0] = 1000.5 + 59.9  # a new calendar minute, but not 60 s later
+    assert (await lim.admit("t", [RPM], "x", 0)).failed == 0
+    now[0] = 1060.9  # 60.4 s later: still counted (its second's bucket lasts 61 s)
+    assert (await lim.admit("t", [RPM], "y", 0)).failed == 0
+    now[0] = 1061.0
+    assert (await lim.admit("t", [RPM], "z", 0)).failed is None
+    # tokens: per-second buckets over at least 60 s
+    assert (await lim.admit("t", [TPM], "a", 1000)).failed is None
+    now[0] += 60.0
+    assert (await lim.admit("t", [TPM], "b", 1)).failed == 0
+    now[0] += 1.0
+    assert (await lim.admit("t", [TPM], "c", 1000)).failed is None
+
+
+async def test_redis_down_is_service_unavailable_within_the_timeout() -> None:
+    lim = RedisLimiter(f"redis://127.0.0.1:{free_port()}/0", key_prefix="x", timeout_seconds=0.3)
+    try:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(ServiceUnavailable):
+            await lim.admit("t", [RPM], "a", 0)
+        assert loop.time() - t0 < 1.0
+    finally:
+        await lim.aclose()
+
+
+async def test_redis_script_reloaded_after_a_flush_and_a_db_in_the_url() -> None:
+    import redis
+
+    url = redis_url().rsplit("/", 1)[0] + "/3"
+    p = unique_prefix()
+    lim = RedisLimiter(url, key_prefix=p, timeout_seconds=2)
+    try:
+        assert (await lim.admit("t", [RPM], "a", 0)).failed is None
+        redis.Redis.from_url(url).script_flush()
+        assert (await lim.admit("t", [RPM], "b", 0)).used == [2]  # NOSCRIPT: EVAL, then cached
+        assert redis.Redis.from_url(url).exists(lim.key("t", "rpm"))  # in db 3
+        # concurrent calls pipeline on the one connection, each gets its own reply
+        outs = await asyncio.gather(*(lim.admit("u", [RPM], f"r{i}", 0) for i in range(5)))
+        assert sorted(o.used[0] for o in outs) == [1, 2, 3, 3, 3]
+    finally:
+        await lim.aclose()
+        delete_prefix(url, "{" + p)
