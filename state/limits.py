@@ -12,7 +12,8 @@ admitting at the same instant cannot both see the last free slot (a read-then-wr
 would need WATCH/MULTI retries, and several round trips, under contention), and the whole check is
 one round trip, whatever the number of counters. The scripts read the clock with Redis ``TIME``,
 so replicas whose clocks disagree still share one window. Every key of a tenant carries the hash
-tag ``{prefix:tenant}``, so on Redis Cluster they share a slot and one script may touch them all.
+tag ``{<tenant>}`` (the store's and the ledger's too), so on Redis Cluster they share a slot and one
+script may touch them all.
 
 The counters (``Check.kind``):
 
@@ -328,7 +329,7 @@ _SHA = {src: hashlib.sha1(src.encode()).hexdigest() for src in (_ADMIT, _SETTLE)
 
 class RedisLimiter:
     """Counters in Redis, each admission and settlement one EVALSHA (see the module docstring).
-    Keys: ``{prefix:tenant}:l:<counter>`` (the tenant percent-escaped)."""
+    Keys: ``<prefix>:{<tenant>}:l:<counter>`` (the tenant percent-escaped), the store's layout."""
 
     remote = True
 
@@ -363,7 +364,7 @@ class RedisLimiter:
         return await self._run(self._scripts[source](keys=keys, args=args))
 
     def key(self, tenant: str, name: str) -> str:
-        return f"{{{self.key_prefix}:{quote(tenant, safe='')}}}:l:{name}"
+        return f"{self.key_prefix}:{{{quote(tenant, safe='')}}}:l:{name}"
 
     async def _run(self, call: Any) -> Any:
         from state.redis import bounded  # redis-py: imported only for rediss://

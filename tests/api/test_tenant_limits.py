@@ -47,8 +47,7 @@ def backend(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
     p = unique_prefix()
     yield request.param, p
     if request.param == "redis":
-        delete_prefix(redis_url(), p)
-        delete_prefix(redis_url(), "{" + p)  # the limit counters: {prefix:tenant}:l:...
+        delete_prefix(redis_url(), p)  # responses, usage and the limit counters: <prefix>:{<tenant>}:...
 
 
 async def post(s: ServedApp, headers: dict[str, str], **body: Any) -> httpx.Response:
