@@ -208,7 +208,6 @@ def replicas() -> Iterator[list[str]]:
         for proc in procs:
             proc.wait(timeout=30)
         delete_prefix(redis_url(), p)
-        delete_prefix(redis_url(), "{" + p)
 
 
 async def test_two_replicas_share_the_limits(replicas: list[str]) -> None:

@@ -28,7 +28,7 @@ async def limiter(request: pytest.FixtureRequest) -> AsyncIterator[Limiter]:
         yield lim
     finally:
         await lim.aclose()
-        delete_prefix(redis_url(), "{" + p)
+        delete_prefix(redis_url(), p)
 
 
 async def test_requests_sliding_log(limiter: Limiter) -> None:
@@ -106,4 +106,4 @@ async def test_redis_script_reloaded_after_a_flush_and_a_db_in_the_url() -> None
         assert sorted(o.used[0] for o in outs) == [1, 2, 3, 3, 3]
     finally:
         await lim.aclose()
-        delete_prefix(url, "{" + p)
+        delete_prefix(url, p)
