@@ -3,6 +3,7 @@ and the fallback routes already resolved, so a turn needs nothing but its route.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from adapters.base import Adapter
@@ -52,16 +53,7 @@ class Router:
                 fallbacks.append(self._route(name))
             except GatewayError:
                 continue
-        return Route(
-            model=route.model,
-            provider=route.provider,
-            adapter=route.adapter,
-            upstream_model=route.upstream_model,
-            context_window=route.context_window,
-            retry=route.retry,
-            total_seconds=route.total_seconds,
-            fallbacks=tuple(fallbacks),
-        )
+        return dataclasses.replace(route, fallbacks=tuple(fallbacks))
 
     def _route(self, model: str) -> Route:
         cfg = self.routes.get(model)
