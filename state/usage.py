@@ -45,6 +45,10 @@ class MemoryLedger:
         self._rows = 0
 
     async def add(self, tenant: str, day: str, key: str, model: str, counts: dict[str, int]) -> None:
+        self.add_now(tenant, day, key, model, counts)
+
+    def add_now(self, tenant: str, day: str, key: str, model: str, counts: dict[str, int]) -> None:
+        """``add`` without a coroutine: in process nothing waits, and this runs on every turn."""
         rows = self._days.setdefault(day, {})
         row = rows.get((tenant, key, model))
         if row is None:

@@ -20,7 +20,7 @@ import structlog
 from gateway.engine.auth import Principal
 from gateway.engine.turn import TurnHook, TurnResult
 from gateway.kernel.errors import GatewayError
-from state.usage import METRICS, UsageLedger, UsageRow
+from state.usage import METRICS, MemoryLedger, UsageLedger, UsageRow
 
 log = structlog.get_logger("gateway.engine.usage")
 
@@ -92,6 +92,15 @@ class Meter:
         the outcome the client sees, a failed store write included)."""
 
         ledger, tenant, key = self.ledger, principal.tenant, principal.key_name or ""
+        if isinstance(ledger, MemoryLedger):
+            add_now = ledger.add_now
+
+            def meter_now(result: TurnResult) -> None:
+                add_now(
+                    tenant, utc_day(), key, model, counts_of(result.usage, failed=result.status == "failed")
+                )
+
+            return meter_now
 
         async def meter(result: TurnResult) -> None:
             counts = counts_of(result.usage, failed=result.status == "failed")
