@@ -17,8 +17,9 @@ import orjson
 
 from adapters.base import UpstreamRequest
 from adapters.deltas import Delta
-from adapters.transport import UpstreamCall, UpstreamClient, open_stream, safe_id
+from adapters.transport import UpstreamCall, UpstreamClient, open_stream
 from gateway.kernel.errors import UpstreamError
+from gateway.kernel.ids import safe_id
 from gateway.kernel.settings import ProviderSettings
 
 __all__ = ["HTTPStreamAdapter", "StreamTranslator", "json_object"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import ssl
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
@@ -24,6 +23,7 @@ import structlog
 from adapters.sse import SSEDecodeError, SSEDecoder, SSEEvent
 from adapters.upstream_errors import map_status_error
 from gateway.kernel.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
+from gateway.kernel.ids import safe_id
 from gateway.kernel.settings import ProviderSettings
 
 __all__ = [
@@ -33,7 +33,6 @@ __all__ = [
     "UpstreamStream",
     "map_transport_error",
     "open_stream",
-    "safe_id",
 ]
 
 # aiohttp's client logs nothing per request at INFO; keep it that way even under a DEBUG root.
@@ -41,15 +40,8 @@ logging.getLogger("aiohttp.client").setLevel(logging.WARNING)
 log = structlog.get_logger("adapters.upstream")
 
 ERROR_BODY_LIMIT = 64 * 1024  # bytes of an error body read to pick a code; the rest is dropped
-_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 # The provider's own id for a call, in a response header: OpenAI's x-request-id, Anthropic's request-id.
 _ID_HEADERS = ("x-request-id", "request-id")
-
-
-def safe_id(value: object) -> str | None:
-    """``value`` if it is id-shaped (1 to 128 letters, digits and ``._:-``), else None: an id a
-    client or an upstream sends reaches a log line or a header only in that shape."""
-    return value if isinstance(value, str) and _ID.fullmatch(value) is not None else None
 
 
 class UpstreamCall:

@@ -4,7 +4,6 @@ line plus metrics sample each request ends with."""
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -17,7 +16,7 @@ from starlette.responses import Response
 from gateway.api.encode import json_bytes
 from gateway.engine.validate import parse_json
 from gateway.kernel.errors import GatewayError, InvalidRequest, PayloadTooLarge
-from gateway.kernel.ids import new_id
+from gateway.kernel.ids import new_id, safe_id
 from gateway.kernel.settings import Limits
 from gateway.metrics import Metrics
 
@@ -73,18 +72,6 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
-
-
-def client_request_id(value: str | None) -> str | None:
-    """The client's X-Request-Id when it is a plausible id (at most 128 characters of letters,
-    digits and ``._:-``): it is echoed in a header, logged and sent upstream, so anything else is
-    replaced by the gateway's own id."""
-    if value is not None and _REQUEST_ID.fullmatch(value):
-        return value
-    return None
-
-
 _MAX_LOGGED_MODEL = 200  # characters of a (possibly bogus) model name in a log line
 
 
@@ -97,7 +84,7 @@ class RequestLog:
         self.start = time.perf_counter()
         self.routed = False  # the model resolved to a route: it may label metrics
         self.fields: dict[str, Any] = {
-            "request_id": client_request_id(request.headers.get("x-request-id")) or new_id("req"),
+            "request_id": safe_id(request.headers.get("x-request-id")) or new_id("req"),
             "transport": transport,
         }
 

@@ -313,7 +313,10 @@ class Connection:
             await self._send(ws_text(err.ws_envelope()))
 
     async def _emit(self, event: dict[str, Any]) -> None:
-        await self._send(ws_text(event))
+        """A turn's event: ``_send`` inlined, since this runs once per streamed event."""
+        self.since = time.monotonic()
+        await self.ws.send({"type": "websocket.send", "text": ws_text(event)})
+        self.since = 0.0
 
     def _ended(self, result: TurnResult, rlog: RequestLog, previous: str | None) -> None:
         """The end-of-turn hook: the connection cache remembers a response that exists, and forgets

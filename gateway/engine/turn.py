@@ -200,10 +200,8 @@ class Turn:
         within the primary route's ``timeouts.total`` (backoff and Retry-After included: a wait
         that would overrun it is not made, and the last error is raised instead). Adapters bound
         each call by what is left of the request's ``deadline`` (``UpstreamRequest.seconds_left``)."""
-        await self._attempts(time.monotonic() + self.result.route.total_seconds)
-
-    async def _attempts(self, deadline: float) -> None:
         primary = self.result.route
+        deadline = time.monotonic() + primary.total_seconds
         self.request.deadline = deadline  # the turn's own request: no other turn sees it
         last: UpstreamError | None = None
         for route in (primary, *primary.fallbacks):
