@@ -9,6 +9,7 @@ tokens, when it fails after its route and context were resolved)."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -79,8 +80,20 @@ def _output_text(resource: dict[str, Any]) -> str:
     )
 
 
+@dataclass(slots=True)
+class Sealed:
+    """A compaction: its sealed ``compaction`` item, the summary in it, and what it cost."""
+
+    item: Item
+    summary: str
+    usage: dict[str, Any]
+    created_at: int
+
+
 class Compactor:
-    """Compacts with the gateway's routes and store, sealing with the opener's key ring."""
+    """Compacts with the gateway's routes and store, sealing with the opener's key ring. One code
+    path for ``/v1/responses/compact`` (``compact``) and inline compaction (compact/inline.py):
+    ``plan`` then ``seal``."""
 
     def __init__(self, gateway: Gateway) -> None:
         opener = gateway.open_compaction
@@ -90,23 +103,39 @@ class Compactor:
         self.sealer: Sealer = opener.sealer
         self.settings = gateway.settings.compaction
 
-    async def compact(
-        self, body: CompactRequestBody, principal: Principal, *, request_id: str | None = None
-    ) -> dict[str, Any]:
+    def plan(self, items: list[Item], route: Route, budget: int | None = None) -> strategy.Plan:
+        """What to keep and what to summarize: the newest items within ``budget`` tokens (the
+        route's ``recent_budget`` when None)."""
+        if budget is None:
+            budget = self.settings.recent_budget(route.context_window)
+        return strategy.plan(items, budget, self.settings.keep_recent_items)
+
+    async def seal(
+        self,
+        plan: strategy.Plan,
+        *,
+        route: Route,
+        principal: Principal,
+        model: str,
+        instructions: str | None,
+        prompt_cache_key: str | None,
+        request_id: str | None = None,
+        window: bool = False,
+    ) -> Sealed:
+        """Summarize ``plan.older`` through the route (metered here, as one request) and seal the
+        summary; ``window``: the kept items are sealed in too (an inline compaction's item)."""
         gw = self.gateway
-        route = gw.route(body.model, principal)
-        ctx = await gw.context(body.input, body.previous_response_id, principal)
-        budget = self.settings.recent_budget(route.context_window)
-        plan = strategy.plan(ctx.transcript, budget, self.settings.keep_recent_items)
         try:
-            summary, usage = await self._summarize(plan.older, body, principal, route, request_id)
+            summary, usage = await self._summarize(
+                plan.older, model, instructions, prompt_cache_key, principal, route, request_id
+            )
         except GatewayError:
             await gw.meter.record(principal, route.model, None, failed=True)
             raise
         await gw.meter.record(principal, route.model, usage, failed=False)
         now = int(time.time())
         cid = new_id("cmp")
-        payload = {
+        payload: dict[str, Any] = {
             "v": PAYLOAD_VERSION,
             "id": cid,
             "summary": summary,
@@ -114,6 +143,8 @@ class Compactor:
             "model": route.model,
             "summarized_items": len(plan.older),
         }
+        if window:
+            payload["window"] = {"pinned": plan.pinned, "recent": plan.recent}
         compaction: Item = {
             "type": "compaction",
             "id": cid,
@@ -124,28 +155,48 @@ class Compactor:
         log.info(
             "compacted",
             model=route.model,
-            items=len(ctx.transcript),
+            inline=window,
             summarized=len(plan.older),
             kept=len(plan.pinned) + len(plan.recent),
             kept_tokens=estimate(plan.pinned) + estimate(plan.recent),
-            budget=budget,
             summary_chars=len(summary),
             key_id=self.sealer.current_key_id,
+            request_id=request_id,
+        )
+        return Sealed(item=compaction, summary=summary, usage=usage, created_at=now)
+
+    async def compact(
+        self, body: CompactRequestBody, principal: Principal, *, request_id: str | None = None
+    ) -> dict[str, Any]:
+        gw = self.gateway
+        route = gw.route(body.model, principal)
+        ctx = await gw.context(body.input, body.previous_response_id, principal)
+        plan = self.plan(ctx.transcript, route)
+        sealed = await self.seal(
+            plan,
+            route=route,
+            principal=principal,
+            model=body.model,
+            instructions=body.instructions,
+            prompt_cache_key=body.prompt_cache_key,
+            request_id=request_id,
         )
         return {
             "id": response_id(),
             "object": "response.compaction",
             "output": [as_output(i) for i in plan.pinned]
-            + [compaction]
+            + [sealed.item]
             + [as_output(i) for i in plan.recent],
-            "created_at": now,
-            "usage": usage,
+            "created_at": sealed.created_at,
+            "usage": sealed.usage,
         }
 
     async def _summarize(
         self,
         older: list[Item],
-        body: CompactRequestBody,
+        model: str,
+        client_instructions: str | None,
+        prompt_cache_key: str | None,
         principal: Principal,
         route: Route,
         request_id: str | None = None,
@@ -157,7 +208,7 @@ class Compactor:
             # Only an earlier summary falls out of the window: reseal it rather than paraphrase it.
             text = strategy.text_of(older[0].get("content"))
             return text.removeprefix(SUMMARY_MESSAGE_HEADER), zero_usage()
-        instructions = strategy.instructions(body.instructions)
+        instructions = strategy.instructions(client_instructions)
         budget = (
             route.context_window
             - self.settings.summary_max_tokens
@@ -167,13 +218,13 @@ class Compactor:
         text = self._fitted_transcript(older, budget)
         request = CreateResponseBody.model_validate(
             {
-                "model": body.model,
+                "model": model,
                 "instructions": instructions,
                 "input": [{"type": "message", "role": "user", "content": text}],
                 "store": False,
                 "truncation": "disabled",
                 "max_output_tokens": self.settings.summary_max_tokens,
-                "prompt_cache_key": body.prompt_cache_key,
+                "prompt_cache_key": prompt_cache_key,
             }
         )
         turn = await self.gateway.prepare(

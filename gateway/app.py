@@ -14,6 +14,7 @@ from starlette.responses import Response
 from starlette.routing import Match, Route
 from starlette.types import Receive, Scope, Send
 
+from compact.inline import compact_inline
 from compact.opener import Opener
 from compact.seal import Sealer
 from compact.truncation import fit_context
@@ -40,6 +41,7 @@ def build_gateway(settings: Settings) -> Gateway:
         ledger=create_ledger(settings.state, store),
         open_compaction=Opener(Sealer.from_settings(settings.compaction)),
         fit_context=fit_context,
+        compact_context=compact_inline,
         limiter=create_limiter(settings.state),
     )
 

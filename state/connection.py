@@ -62,7 +62,9 @@ class ConnectionCache:
     def remember(self, response_id: str, ran_on: Transcript, output: list[Item]) -> None:
         """Cache a finished turn: the transcript it ran on plus its output items in input form
         (``ran_on.depth`` counts the responses before this one)."""
-        produced = [output_as_input(o) for o in output]
+        # An inline compaction item (the first output of a turn that compacted) is already
+        # opened in ``ran_on``: the compacted window that turn ran on.
+        produced = [output_as_input(o) for o in output if o.get("type") != "compaction"]
         calls = {o["call_id"] for o in produced if o.get("type") == "function_call"}
         self.put(
             response_id,

@@ -283,6 +283,21 @@ class ResponseBuilder:
             case _:
                 raise IllegalTransition(f"unknown delta {type(delta).__name__}")
 
+    def compaction(self, item: dict[str, Any]) -> list[Event]:
+        """A ``compaction`` item the gateway sealed before sampling (inline compaction), as the
+        response's first output item: ``output_item.added`` (its ``encrypted_content`` still
+        empty), ``response.compaction.compacting``, ``output_item.done`` with the sealed item."""
+        if self.state is not _LIVE or self._oi != -1:
+            raise IllegalTransition("a compaction item comes right after start(), before any output")
+        item = {**item, "status": "in_progress"}
+        events = self._open_item(item)
+        events[-1]["item"]["encrypted_content"] = ""
+        events.append(
+            self._event("response.compaction.compacting", item_id=item["id"], output_index=self._oi)
+        )
+        events += self._close_item(ItemState.COMPLETED)
+        return events
+
     def finish(self) -> list[Event]:
         """Close what is open and emit the terminal event (completed, or incomplete on length)."""
         if self.state is not _LIVE:

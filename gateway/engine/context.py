@@ -4,7 +4,9 @@ input — and check that every ``function_call_output`` answers a call in that c
 
 A compaction item is opened for the upstream but stored as the client sent it (sealed): the store
 keeps no plaintext the client did not give it in plaintext, ``input_items`` lists what was sent, and
-a chain or a reference that reaches it opens it again."""
+a chain or a reference that reaches it opens it again. An inline compaction item (made by
+``context_management``) opens into a ``Window``: the whole context up to it, so it supersedes every
+item before it, wherever they come from (the chain, or the client sending its history back)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,11 @@ from state.base import ConnectionCache, ResponseStore, Transcript
 
 Item = dict[str, Any]
 CompactionOpener = Callable[[CompactionItem, str], list[Item]]
+
+
+class Window(list[Item]):
+    """What an inline compaction item opens into: the compacted context it replaces (kept
+    messages, the summary, the recent items), superseding everything before the item."""
 
 
 @dataclass(slots=True)
@@ -73,14 +80,27 @@ async def _history(
     if not chain:
         raise PreviousResponseNotFound(previous_id)
     history: list[Item] = []
+    param = "previous_response_id"
     for stored in chain:
         for item in stored.input_items:
             if item.get("type") == "compaction":
-                history.extend(_reopen(item, tenant, open_compaction, "previous_response_id"))
+                history = _extend(history, _reopen(item, tenant, open_compaction, param))
             else:
                 history.append(item)
-        history.extend(output_as_input(o) for o in stored.output_items)
+        for o in stored.output_items:
+            if o.get("type") == "compaction":  # an inline compaction's window
+                history = _extend(history, _reopen(o, tenant, open_compaction, param))
+            else:
+                history.append(output_as_input(o))
     return Transcript(items=history, tokens=None, calls=call_ids(history), depth=len(chain))
+
+
+def _extend(items: list[Item], opened: list[Item]) -> list[Item]:
+    """``items`` followed by an opened compaction item; a ``Window`` replaces them."""
+    if isinstance(opened, Window):
+        return list(opened)
+    items.extend(opened)
+    return items
 
 
 def _reopen(item: Item, tenant: str, open_compaction: CompactionOpener | None, param: str) -> list[Item]:
@@ -131,7 +151,12 @@ async def build_context(
             if given.get("type") == "compaction":
                 sealed = True
                 param = f"input[{index}].encrypted_content"  # the opener cannot know the index
-                new_items.extend(_reopen(given, tenant, open_compaction, param))
+                opened = _reopen(given, tenant, open_compaction, param)
+                if isinstance(opened, Window):
+                    # it carries the whole context before it: the chain and earlier input go
+                    history, new_items, known = [], list(opened), None
+                else:
+                    new_items.extend(opened)
             else:
                 new_items.append(given)
         stored_items = stored if sealed else new_items

@@ -6,7 +6,12 @@ injected ``fit_context`` hook), then derive the ResponseResource and the upstrea
 read of the request (``Echoes``). A ``store: true`` turn gets the store write as its first
 end-of-turn hook, and every turn is metered by its last (``usage.py``). A ``retention: none``
 tenant's turns are never stored. HTTP, the WebSocket and compaction's summarizing call all come through
-``Gateway.prepare``; the engine knows compaction only through the two injected hooks.
+``Gateway.prepare``; the engine knows compaction only through the three injected hooks
+(``open_compaction``, ``fit_context``, and ``compact_context`` for ``context_management``).
+
+``generate: false`` (a warm-up) is prepared like any turn and run by the same runner and hooks,
+as a ``Warmup`` turn that opens no upstream: it is neither compacted nor charged tokens, and counts
+against the request-rate and concurrency limits only.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from gateway.engine.limits import Reservation, TenantLimiter
 from gateway.engine.resource import Echoes, new_resource
 from gateway.engine.routing import Route, Router
 from gateway.engine.store_health import StoreHealth
-from gateway.engine.turn import Turn, TurnResult
+from gateway.engine.turn import Turn, TurnResult, Warmup
 from gateway.engine.upstream import upstream_request
 from gateway.engine.usage import Meter
 from gateway.kernel.errors import InvalidRequest, ServiceUnavailable
@@ -40,6 +45,23 @@ class ContextFitter(Protocol):
     def __call__(self, ctx: Context, route: Route, truncation: str, *, reserved: int = 0) -> Context: ...
 
 
+class ContextCompactor(Protocol):
+    """``context_management``: the compacted context and the sealed ``compaction`` item to announce,
+    or None when the context stays as it is (compact/inline.py)."""
+
+    def __call__(
+        self,
+        gw: Gateway,
+        ctx: Context,
+        body: CreateResponseBody,
+        principal: Principal,
+        route: Route,
+        *,
+        reserved: int = 0,
+        request_id: str | None = None,
+    ) -> Awaitable[tuple[Context, dict[str, Any]] | None]: ...
+
+
 class Gateway:
     def __init__(
         self,
@@ -49,6 +71,7 @@ class Gateway:
         store: ResponseStore,
         open_compaction: CompactionOpener | None = None,
         fit_context: ContextFitter | None = None,
+        compact_context: ContextCompactor | None = None,
         ledger: UsageLedger | None = None,
         limiter: Limiter | None = None,
     ) -> None:
@@ -59,6 +82,7 @@ class Gateway:
         self.meter = Meter(ledger or MemoryLedger())
         self.open_compaction = open_compaction
         self.fit_context = fit_context
+        self.compact_context = compact_context
         self.store_health = StoreHealth(store, settings.state.health_recheck_seconds)
         self.limits = TenantLimiter(settings, limiter or MemoryLimiter())
 
@@ -124,14 +148,29 @@ class Gateway:
             store = False
         if store:
             await self.store_health.require()  # refuse before any upstream spend, not after
+        warmup = body.generate is False
         ctx = await self.context(body.input, body.previous_response_id, principal, cache)
         echoes = Echoes.of(body)
         # instructions and tool schemas take room in the window too
         reserved = (len(body.instructions or "") + len(orjson.dumps(echoes.tools))) // 4
+        compaction: dict[str, Any] | None = None
+        if body.context_management and not warmup:  # a warm-up makes no upstream call at all
+            if self.compact_context is None:
+                raise InvalidRequest(
+                    "context_management is not supported by this gateway.", param="context_management"
+                )
+            compacted = await self.compact_context(
+                self, ctx, body, principal, route, reserved=reserved, request_id=request_id
+            )
+            if compacted is not None:
+                ctx, compaction = compacted
         if self.fit_context is not None:
             ctx = self.fit_context(ctx, route, body.truncation or "disabled", reserved=reserved)
         # the tenancy limits, last before the upstream call: a refusal costs nothing upstream
         checks, labels = self.limits.checks(principal)
+        if warmup:  # it spends no tokens: only the request-rate and concurrency limits apply
+            kept = [n for n, c in enumerate(checks) if c.kind in "rc"]
+            checks, labels = [checks[n] for n in kept], [labels[n] for n in kept]
         estimated = charge = 0
         if self.limits.wants_tokens(checks):
             estimated = (ctx.tokens if ctx.tokens is not None else estimate(ctx.transcript)) + reserved
@@ -141,6 +180,8 @@ class Gateway:
             turn = self._turn(
                 body, principal, route, ctx, echoes, store, streaming, error_event, request_id, metered
             )
+            if compaction is not None:
+                turn.compaction = compaction
         except BaseException:
             if held is not None:
                 await self.limits.settle(held, 0)
@@ -165,7 +206,8 @@ class Gateway:
     ) -> Turn:
         rid = response_id()
         resource = new_resource(body, response_id=rid, model=route.model, store=store, echoes=echoes)
-        turn = Turn(
+        kind = Warmup if body.generate is False else Turn
+        turn = kind(
             request=upstream_request(
                 body, echoes, route.upstream_model, ctx, stream=streaming, request_id=request_id
             ),
@@ -187,7 +229,7 @@ class Gateway:
                 created_at=resource["created_at"],
                 stored_at=time.time(),
             )
-            turn.on_end(self._store_hook(stored))
+            turn.on_end(self._store_hook(stored, turn))
         if metered:
             turn.on_end(self.meter.hook(principal, route.model))
         return turn
@@ -205,10 +247,13 @@ class Gateway:
 
         return settle
 
-    def _store_hook(self, stored: StoredResponse) -> Callable[[TurnResult], Awaitable[None]]:
+    def _store_hook(self, stored: StoredResponse, turn: Turn) -> Callable[[TurnResult], Awaitable[None]]:
         async def keep(result: TurnResult) -> None:
             if result.ended:
                 stored.resource = result.resource
+                if turn.compaction is not None:
+                    # its window (the first output) supersedes the chain: a new chain starts here
+                    stored.previous_response_id = None
                 try:
                     await self.store.put(stored)
                 except ServiceUnavailable:

@@ -30,7 +30,7 @@ from typing import Any
 import structlog
 
 from adapters.base import UpstreamRequest
-from adapters.deltas import Delta, Finish, ToolCallArgsDelta, ToolCallStart
+from adapters.deltas import Delta, Finish, ToolCallArgsDelta, ToolCallStart, Usage
 from gateway.engine.builder import ResponseBuilder
 from gateway.engine.context import Context
 from gateway.engine.routing import Route
@@ -92,6 +92,7 @@ class Turn:
         "_hooks_done",
         "_stream",
         "builder",
+        "compaction",
         "max_events",
         "rate_headers",
         "request",
@@ -121,6 +122,8 @@ class Turn:
         self._dropped: set[int | str] = set()
         self._hooks: list[TurnHook] = []
         self._hooks_done = False
+        # a compaction item sealed before sampling (inline compaction), announced first
+        self.compaction: dict[str, Any] | None = None
         # the x-ratelimit-* headers of the admission (gateway/engine/limits.py), for the transport
         self.rate_headers: dict[str, str] = {}
 
@@ -267,6 +270,9 @@ class Turn:
         try:
             for ev in b.start():
                 yield ev
+            if self.compaction is not None:
+                for ev in b.compaction(self.compaction):
+                    yield ev
             if self._first is not None:
                 first, self._first = self._first, None
                 for ev in self._feed(first):
@@ -323,6 +329,16 @@ class Turn:
         if self._stream is not None:
             stream, self._stream = self._stream, None
             await _close(stream)
+
+
+class Warmup(Turn):
+    """A ``generate: false`` turn: the same runner and end-of-turn hooks, but no upstream is
+    opened; the response completes with empty output and zero usage."""
+
+    __slots__ = ()
+
+    async def _open(self) -> None:
+        self._first = Usage(input_tokens=0, output_tokens=0)
 
 
 async def _relay(events: AsyncGenerator[Event, None], emit: Emit) -> None:

@@ -111,7 +111,19 @@ def create_request(data: Any, limits: Limits) -> CreateResponseBody:
             "Background responses are not supported.", param="background", code="unsupported_parameter"
         )
     _require_model(body.model)
+    _check_context_management(body)
     return body
+
+
+def _check_context_management(body: CreateResponseBody) -> None:
+    """One ``compaction`` entry at most (the wire model checks each entry's shape)."""
+    entries = body.context_management
+    if entries and len(entries) > 1:
+        raise InvalidRequest(
+            "Invalid value for 'context_management[1]': at most one 'compaction' entry is allowed.",
+            param="context_management[1]",
+            code="invalid_value",
+        )
 
 
 def compact_request(data: Any, limits: Limits) -> CompactRequestBody:

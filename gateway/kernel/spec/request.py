@@ -219,6 +219,14 @@ Metadata = Annotated[
 ShortStr = Annotated[str, StringConstraints(max_length=64)]
 
 
+class ContextManagement(_Wire):
+    """One ``context_management`` entry: compact the context before sampling once it exceeds
+    ``compact_threshold`` estimated tokens (None: the gateway's default, see compact/inline.py)."""
+
+    type: Literal["compaction"]
+    compact_threshold: int | None = Field(default=None, ge=1)
+
+
 class CreateResponseBody(_Wire):
     model: str | None = None
     input: Annotated[str, StringConstraints(max_length=MAX_TEXT)] | list[InputItem] | None = None
@@ -246,6 +254,9 @@ class CreateResponseBody(_Wire):
     store: bool | None = None
     service_tier: Literal["auto", "default", "flex", "priority"] | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    # OpenAI extensions (the openai SDK sends them on the WebSocket; over HTTP in extra_body)
+    generate: bool | None = None  # false: keep the input as a turn, generate nothing (warm-up)
+    context_management: Annotated[list[ContextManagement], Field(max_length=8)] | None = None
 
 
 class CompactRequestBody(_Wire):
