@@ -109,7 +109,9 @@ async def test_warm_up_is_validated_like_any_turn() -> None:
         with serve_gateway(settings(fake)) as gw:
             r = await post(gw, {"model": "m", "input": "hi", "generate": "no"})
             assert r.status_code == 400 and r.json()["error"]["param"] == "generate"
-            r = await post(gw, {"model": "m", "input": "hi", "generate": False, "previous_response_id": "resp_x"})
+            r = await post(
+                gw, {"model": "m", "input": "hi", "generate": False, "previous_response_id": "resp_x"}
+            )
             assert r.status_code == 400 and r.json()["error"]["code"] == "previous_response_not_found"
             orphan = [{"type": "function_call_output", "call_id": "c1", "output": "x"}]
             r = await post(gw, {"model": "m", "input": orphan, "generate": False})
@@ -120,7 +122,9 @@ async def test_warm_up_is_validated_like_any_turn() -> None:
 async def test_warm_up_is_metered_as_a_request_without_tokens_and_spends_no_token_limit() -> None:
     async with FakeOpenAIChat.serve() as fake:
         # a token budget smaller than any real request's reservation: only warm-ups get through
-        tenants = {"default": {"limits": {"requests_per_minute": 3}, "budget": {"tokens": 10, "period": "day"}}}
+        tenants = {
+            "default": {"limits": {"requests_per_minute": 3}, "budget": {"tokens": 10, "period": "day"}}
+        }
         with serve_gateway(settings(fake, tenants=tenants)) as gw:
             for _ in range(3):
                 r = await post(gw, {"model": "m", "input": "hi", "generate": False})
