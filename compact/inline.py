@@ -102,5 +102,6 @@ async def compact_inline(
         stored_items=ctx.input_items,
         calls=call_ids(window),
         depth=0,
+        compacted=True,
     )
     return compacted, sealed.item

@@ -47,6 +47,7 @@ class Context:
     history_tokens: int | None = None  # the history's estimated tokens, when a cache knew them
     depth: int = 0  # responses in the previous_response_id chain
     tokens: int | None = None  # the transcript's estimated tokens, once fit_context counted them
+    compacted: bool = False  # the window of an inline compaction (``compact_context``)
 
     @property
     def transcript(self) -> list[Item]:

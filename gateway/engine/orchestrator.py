@@ -180,8 +180,7 @@ class Gateway:
             turn = self._turn(
                 body, principal, route, ctx, echoes, store, streaming, error_event, request_id, metered
             )
-            if compaction is not None:
-                turn.compaction = compaction
+            turn.compaction = compaction
         except BaseException:
             if held is not None:
                 await self.limits.settle(held, 0)
@@ -223,13 +222,15 @@ class Gateway:
                 id=rid,
                 tenant=principal.tenant,
                 model=route.model,
-                previous_response_id=body.previous_response_id,
+                # A compacted turn's window (its first output) supersedes the chain before it: it
+                # is stored as the start of a new chain (its resource still echoes the id).
+                previous_response_id=None if ctx.compacted else body.previous_response_id,
                 input_items=ctx.input_items,
                 resource=resource,
                 created_at=resource["created_at"],
                 stored_at=time.time(),
             )
-            turn.on_end(self._store_hook(stored, turn))
+            turn.on_end(self._store_hook(stored))
         if metered:
             turn.on_end(self.meter.hook(principal, route.model))
         return turn
@@ -247,13 +248,10 @@ class Gateway:
 
         return settle
 
-    def _store_hook(self, stored: StoredResponse, turn: Turn) -> Callable[[TurnResult], Awaitable[None]]:
+    def _store_hook(self, stored: StoredResponse) -> Callable[[TurnResult], Awaitable[None]]:
         async def keep(result: TurnResult) -> None:
             if result.ended:
                 stored.resource = result.resource
-                if turn.compaction is not None:
-                    # its window (the first output) supersedes the chain: a new chain starts here
-                    stored.previous_response_id = None
                 try:
                     await self.store.put(stored)
                 except ServiceUnavailable:
