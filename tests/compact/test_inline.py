@@ -278,3 +278,21 @@ async def test_a_stored_chain_compacted_midway_continues_from_the_window() -> No
     assert last[0] == ("system", "You are terse.")
     assert last[1] == ("user", SUMMARY_MESSAGE_HEADER + "SUMMARY: the cobalt codes")
     assert last[-3:] == [("user", "what now?"), ("assistant", "second"), ("user", "and then?")]
+
+
+async def test_a_failed_summary_fails_the_request_before_any_answer() -> None:
+    async with FakeOpenAIChat.serve() as fake:
+        fake.add(Reply.error(500))
+        with serve_gateway(upstream_settings(fake)) as gw:
+            r = await post(
+                gw, {"model": "m", "input": long_input(), "context_management": CM, "stream": True}
+            )
+            assert r.status_code == 502 and r.headers["content-type"] == "application/json"
+            async with ws_connect(gw) as ws:
+                fake.add(Reply.error(500))
+                events = await run_turn(ws, model="m", store=False, input=long_input(), context_management=CM)
+                assert len(events) == 1 and events[0]["type"] == "error" and events[0]["status"] == 502
+                # the socket goes on
+                events = await run_turn(ws, model="m", store=False, input="hi")
+                assert events[-1]["type"] == "response.completed"
+    assert len(fake.requests) == 3  # two summarizing attempts, one plain answer
