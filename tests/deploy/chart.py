@@ -104,8 +104,19 @@ def one(docs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[st
     return found[0]
 
 
+def gateway_part(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    """The gateway's (not the internal Redis') manifest of ``kind``."""
+    found = [
+        d
+        for d in docs
+        if d["kind"] == kind and d["metadata"]["labels"].get("app.kubernetes.io/component") == "gateway"
+    ]
+    assert len(found) == 1, f"{kind} of the gateway: {len(found)} rendered"
+    return found[0]
+
+
 def gateway_deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    return one(docs, "Deployment", "-open-responses-gateway")
+    return gateway_part(docs, "Deployment")
 
 
 def gateway_container(docs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -22,11 +22,12 @@ from tests.deploy.chart import (
     EXISTING_SECRET_ENV,
     KUBE_VERSION,
     MINIMAL,
+    NAMESPACE,
     config_of,
     gateway_container,
     gateway_deployment,
+    gateway_part,
     need,
-    one,
     render,
     secret_env,
 )
@@ -159,7 +160,12 @@ def labels_match(selector: dict[str, str], labels: dict[str, str]) -> bool:
 
 
 def test_everything_referenced_is_rendered(combo: Any) -> None:
-    values, docs = combo
+    check_references(*combo)
+
+
+def check_references(values: dict[str, Any], docs: list[dict[str, Any]]) -> None:
+    """Every ConfigMap, Secret, ServiceAccount, volume, port and selector a manifest names is
+    rendered too (or is the existing Secret the values name)."""
     by_kind: dict[str, set[str]] = {}
     for d in docs:
         by_kind.setdefault(d["kind"], set()).add(d["metadata"]["name"])
@@ -209,9 +215,9 @@ def test_everything_referenced_is_rendered(combo: Any) -> None:
         assert hpa["spec"]["scaleTargetRef"]["name"] in pods
         assert "replicas" not in gateway_deployment(docs)["spec"]  # the HPA owns the count
     for sm in (d for d in docs if d["kind"] == "ServiceMonitor"):
-        svc = one(docs, "Service", "-open-responses-gateway")
+        svc = gateway_part(docs, "Service")
         assert labels_match(sm["spec"]["selector"]["matchLabels"], svc["metadata"]["labels"])
-        assert sm["spec"]["namespaceSelector"]["matchNames"] == ["llm"]
+        assert sm["spec"]["namespaceSelector"]["matchNames"] == [NAMESPACE]
         assert {e["port"] for e in sm["spec"]["endpoints"]} <= {p["name"] for p in svc["spec"]["ports"]}
         assert all(e["path"] == "/metrics" for e in sm["spec"]["endpoints"])
     # a Redis URL the chart writes names a Service it renders
