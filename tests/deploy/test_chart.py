@@ -317,3 +317,43 @@ def test_the_modes_reach_the_gateway_config() -> None:
     assert {"name": "metrics", "containerPort": 9464, "protocol": "TCP"} in gateway_container(monitoring)[
         "ports"
     ]
+
+
+def test_the_network_policy_admits_callers_scrapers_and_what_the_gateway_calls() -> None:
+    ingress_from = COMBOS["monitoring"]["networkPolicy"]["ingressFrom"]
+    metrics_from = COMBOS["monitoring"]["networkPolicy"]["metricsFrom"]
+    policy = gateway_part_policy(render(COMBOS["monitoring"]))
+    rules = {r["ports"][0]["port"]: r.get("from") for r in policy["spec"]["ingress"]}
+    assert rules == {"http": ingress_from, "metrics": metrics_from}
+    egress = policy["spec"]["egress"]
+    assert {"port": 53, "protocol": "UDP"} in egress[0]["ports"]
+    assert any(
+        "podSelector" in str(r.get("to")) and r["ports"] == [{"port": 6379, "protocol": "TCP"}]
+        for r in egress
+    )
+    # /metrics on the API port: the scrapers are admitted to that port
+    main_port = merged(COMBOS["monitoring"], {"metrics": {"port": None}})
+    rules = {
+        r["ports"][0]["port"]: r.get("from")
+        for r in gateway_part_policy(render(main_port))["spec"]["ingress"]
+    }
+    assert rules == {"http": ingress_from + metrics_from}
+    # the internal Redis admits the gateway only
+    docs = render(COMBOS["monitoring"])
+    redis_policy = next(
+        d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-redis")
+    )
+    assert redis_policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "redis"
+    sources = redis_policy["spec"]["ingress"][0]["from"]
+    assert sources == [
+        {"podSelector": {"matchLabels": gateway_deployment(docs)["spec"]["selector"]["matchLabels"]}}
+    ]
+
+
+def gateway_part_policy(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    return next(
+        p
+        for p in policies
+        if p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "gateway"
+    )
