@@ -3,6 +3,8 @@ still serve, and all replicas share that store); only a draining process answers
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import orjson
 from websockets.sync.client import connect
@@ -34,12 +36,16 @@ async def test_store_down_is_degraded_not_unready_and_websocket_turns_serve() ->
                 r = await c.post("/v1/responses", json={"model": "mock", "input": "x", "store": False})
                 assert r.status_code == 200 and r.json()["status"] == "completed"
             with connect(s.ws_url + "/v1/responses", proxy=None, open_timeout=20) as ws:
-                create = {"type": "response.create", "model": "mock", "input": "hi", "store": False}
-                ws.send(orjson.dumps(create).decode())
-                types = []
-                while not types or types[-1] not in ("response.completed", "error", "response.failed"):
-                    types.append(orjson.loads(ws.recv(timeout=20))["type"])
-                assert types[-1] == "response.completed"
+                # a socket's turns chain on the socket's own cache: no store needed
+                previous = None
+                for text in ("hi", "and again"):
+                    create = {"type": "response.create", "model": "mock", "input": text, "store": False}
+                    ws.send(orjson.dumps({**create, "previous_response_id": previous}).decode())
+                    event: dict[str, Any] = {}
+                    while event.get("type") not in ("response.completed", "error", "response.failed"):
+                        event = orjson.loads(ws.recv(timeout=20))
+                    assert event["type"] == "response.completed", event
+                    previous = event["response"]["id"]
     finally:
         server.stop()
 
