@@ -44,9 +44,8 @@ def test_the_pod_serves_with_its_config_and_secret_and_stops_within_its_grace(tm
         args.append(arg)
     env = cli_env(**secret_env(docs), **{e["name"]: e["value"] for e in container["env"] if "value" in e})
     env["TMPDIR"] = str(tmp_path)  # the pod's emptyDir
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", *args], cwd=ROOT, env=env, stderr=subprocess.PIPE
-    )
+    log = (tmp_path / "stderr").open("wb")  # its JSON log lines, for a failing run
+    proc = subprocess.Popen([sys.executable, "-m", "gateway", *args], cwd=ROOT, env=env, stderr=log)
     try:
         wait_until_up(proc, port)
         base = f"http://127.0.0.1:{port}"
@@ -76,4 +75,5 @@ def test_the_pod_serves_with_its_config_and_secret_and_stops_within_its_grace(tm
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
+        log.close()
         delete_prefix(redis_url(), prefix)
