@@ -44,8 +44,10 @@ COMBOS: dict[str, dict[str, Any]] = {
             "mode": "sentinel",
             "sentinels": ["sentinel-0.sentinel:26379", "sentinel-1.sentinel:26379"],
             "sentinelMaster": "mymaster",
+            "url": "redis://sentinel-master:6379/0",  # in sentinel mode: scheme, credentials, db
             "internal": {"enabled": False},
         },
+        "secrets": {**MINIMAL["secrets"], "sentinelPassword": "sentinel-pw"},
     },
     "cluster": {
         **MINIMAL,

@@ -101,14 +101,17 @@ def test_the_pod_is_locked_down(combo: Any) -> None:
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert "emptyDir" in volumes[mounts["/tmp"]]
     env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["TMPDIR"] == "/tmp"
+    # the supervisor of --workers makes the workers' metric directory under TMPDIR, and names it
+    # in each worker's PROMETHEUS_MULTIPROC_DIR itself
+    assert "PROMETHEUS_MULTIPROC_DIR" not in env
     workers = values.get("workers", 1)
     if workers > 1:
         assert f"--workers={workers}" in c["args"]
-        multiproc = env["PROMETHEUS_MULTIPROC_DIR"]
-        assert "emptyDir" in volumes[mounts[multiproc]]
+        assert volumes[mounts["/tmp"]]["emptyDir"]["medium"] == "Memory"  # mmap'd metric files
     else:
         assert not any(a.startswith("--workers") for a in c["args"])  # today's serve, unchanged
-        assert "PROMETHEUS_MULTIPROC_DIR" not in env
+        assert "medium" not in volumes[mounts["/tmp"]]["emptyDir"]
     assert c["resources"]["requests"]["cpu"] and c["resources"]["limits"]["memory"]
 
 
@@ -265,6 +268,12 @@ def test_the_gateway_accepts_the_config_it_is_shipped(combo: Any, tmp_path: Path
         (merged(MINIMAL, {"redis": {"mode": "sentinel", "internal": {"enabled": False}}}), "sentinelMaster"),
         (merged(MINIMAL, {"redis": {"internal": {"enabled": False}}}), "no Redis"),
         (
+            merged(MINIMAL, {"redis": {"mode": "sentinel", "sentinels": ["s:26379"], "sentinelMaster": "m"}}),
+            "external Redis",
+        ),
+        (merged(MINIMAL, {"secrets": {"sentinelPassword": "pw"}}), "only used with redis.mode sentinel"),
+        (merged(MINIMAL, {"serviceMonitor": {"enabled": True}}), "serviceMonitor.enabled needs metrics.port"),
+        (
             merged(MINIMAL, {"config": {"auth": {"api_keys": [{"sha256": "ab" * 32, "tenant": "t"}]}}}),
             "in one place",
         ),
@@ -307,7 +316,9 @@ def test_the_secret_carries_keys_as_the_gateway_reads_them() -> None:
 def test_the_modes_reach_the_gateway_config() -> None:
     sentinel = config_of(render(COMBOS["sentinel"]))["state"]
     assert sentinel["redis_mode"] == "sentinel" and sentinel["sentinel_master"] == "mymaster"
-    assert sentinel["sentinels"] == COMBOS["sentinel"]["redis"]["sentinels"] and "redis_url" not in sentinel
+    assert sentinel["sentinels"] == COMBOS["sentinel"]["redis"]["sentinels"]
+    assert sentinel["redis_url"] == COMBOS["sentinel"]["redis"]["url"]
+    assert secret_env(render(COMBOS["sentinel"]))["GATEWAY_STATE__SENTINEL_PASSWORD"] == "sentinel-pw"
     cluster = config_of(render(COMBOS["cluster"]))["state"]
     assert cluster == {**cluster, "redis_mode": "cluster", "redis_url": "redis://redis-cluster:6379/0"}
     default = config_of(render(MINIMAL))
@@ -332,7 +343,9 @@ def test_the_network_policy_admits_callers_scrapers_and_what_the_gateway_calls()
         for r in egress
     )
     # /metrics on the API port: the scrapers are admitted to that port
-    main_port = merged(COMBOS["monitoring"], {"metrics": {"port": None}})
+    main_port = merged(
+        COMBOS["monitoring"], {"metrics": {"port": None}, "serviceMonitor": {"enabled": False}}
+    )
     rules = {
         r["ports"][0]["port"]: r.get("from")
         for r in gateway_part_policy(render(main_port))["spec"]["ingress"]

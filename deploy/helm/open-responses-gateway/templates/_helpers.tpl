@@ -103,12 +103,17 @@ app.kubernetes.io/component: redis
 {{- if and .Values.redis.internal.enabled (ne $mode "standalone") -}}
 {{- fail (printf "redis.mode %s needs an external Redis: set redis.internal.enabled=false" $mode) -}}
 {{- end -}}
-{{- if eq $mode "sentinel" -}}
-{{- if not (and .Values.redis.sentinels .Values.redis.sentinelMaster) -}}
+{{- if and (eq $mode "sentinel") (not (and .Values.redis.sentinels .Values.redis.sentinelMaster)) -}}
 {{- fail "redis.mode sentinel needs redis.sentinels and redis.sentinelMaster" -}}
 {{- end -}}
-{{- else if not (or .Values.redis.internal.enabled .Values.redis.url .Values.secrets.redisUrl $existing) -}}
-{{- fail "no Redis: set redis.url (or secrets.redisUrl), or redis.internal.enabled=true" -}}
+{{- if not (or .Values.redis.internal.enabled .Values.redis.url .Values.secrets.redisUrl $existing) -}}
+{{- fail "no Redis: set redis.url (or secrets.redisUrl; in sentinel mode it gives the credentials, db and scheme), or redis.internal.enabled=true" -}}
+{{- end -}}
+{{- if and .Values.secrets.sentinelPassword (ne $mode "sentinel") -}}
+{{- fail "secrets.sentinelPassword is only used with redis.mode sentinel" -}}
+{{- end -}}
+{{- if and .Values.serviceMonitor.enabled (kindIs "invalid" .Values.metrics.port) -}}
+{{- fail "serviceMonitor.enabled needs metrics.port: /metrics on the API port asks for an admin key once auth is on" -}}
 {{- end -}}
 {{- end -}}
 
@@ -152,6 +157,9 @@ GATEWAY_COMPACTION__KEYS: {{ toJson . | b64enc | quote }}
 {{- end }}
 {{- with .Values.secrets.redisUrl }}
 GATEWAY_STATE__REDIS_URL: {{ . | b64enc | quote }}
+{{- end }}
+{{- with .Values.secrets.sentinelPassword }}
+GATEWAY_STATE__SENTINEL_PASSWORD: {{ . | b64enc | quote }}
 {{- end }}
 {{- range $name, $value := .Values.secrets.providerKeys }}
 {{ $name }}: {{ $value | toString | b64enc | quote }}
