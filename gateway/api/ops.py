@@ -17,10 +17,15 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
+    """503 only while this process cannot take new work (it is draining for shutdown). A state store
+    that does not answer leaves it ready but "degraded": store: false and WebSocket turns still
+    serve, and every replica shares that store, so failing readiness would take them all out."""
     gw: Gateway = request.app.state.gateway
+    if request.app.state.ws_hub.draining:
+        return json_response({"status": "draining", "checks": {}}, 503)
     store_ok = await gw.store.ping()
-    body = {"status": "ok" if store_ok else "unavailable", "checks": {"state_store": store_ok}}
-    return json_response(body, 200 if store_ok else 503)
+    body = {"status": "ok" if store_ok else "degraded", "checks": {"state_store": store_ok}}
+    return json_response(body, 200)
 
 
 async def metrics(request: Request) -> Response:

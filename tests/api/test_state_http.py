@@ -191,13 +191,17 @@ async def test_redis_down_fails_fast_and_recovers(prefix: str) -> None:
             assert "redis://" not in r.text
             ok = await create(s, {"input": "zero retention still works", "store": False}, headers={})
             assert ok["status"] == "completed"
-            assert (await call(s, "GET", "/readyz", {})).status_code == 503
+            # still ready: store: false and WebSocket turns serve, and every replica shares the store
+            ready = await call(s, "GET", "/readyz", {})
+            assert ready.status_code == 200
+            assert ready.json() == {"status": "degraded", "checks": {"state_store": False}}
             assert (await call(s, "GET", "/healthz", {})).status_code == 200
             server.start()
             await asyncio.sleep(0.2)
             again = await create(s, {"input": "after"}, headers={})
             assert again["status"] == "completed"
-            assert (await call(s, "GET", "/readyz", {})).status_code == 200
+            ready = await call(s, "GET", "/readyz", {})
+            assert ready.status_code == 200 and ready.json()["status"] == "ok"
     finally:
         server.stop()
 
