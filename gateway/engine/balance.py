@@ -142,8 +142,9 @@ class Balancer:
         states = self.states
         strategy = self.policy.strategy
         if strategy == "least_busy":
-            # fewest in flight relative to weight (a weight-2 replica takes twice the load)
-            load = {i: (states[i].in_flight + 1) / states[i].weight for i in pool}
+            # fewest in flight relative to weight (a weight-2 replica takes twice the load); idle
+            # ones tie, and ties go by weight
+            load = {i: states[i].in_flight / states[i].weight for i in pool}
             least = min(load.values())
             return self._by_weight([i for i in pool if load[i] == least])
         if strategy == "latency":
