@@ -53,13 +53,19 @@ def health_failure(exc: UpstreamError) -> bool:
     return exc.retryable
 
 
+def _seed(name: str) -> Any:
+    h = hashlib.blake2b(digest_size=8)
+    h.update(name.encode() + b"\0")
+    return h
+
+
 @dataclass(slots=True)
 class _State:
     """One deployment's figures in this process."""
 
     name: str
     weight: float
-    seed: bytes  # its name, hashed with each key
+    seed: Any  # a blake2b hasher fed with its name: copied and fed each key
     in_flight: int = 0
     ewma: float | None = None  # seconds to the first delta; None: never measured
     failures: int = 0  # health failures in a row
@@ -85,7 +91,7 @@ class Balancer:
         assert deployments
         self.model = model
         self.policy = policy
-        self.states = [_State(name, weight, name.encode() + b"\0") for name, weight in deployments]
+        self.states = [_State(name, weight, _seed(name)) for name, weight in deployments]
         self._clock = clock
         self._rng = rng or random.Random()
 
@@ -107,12 +113,14 @@ class Balancer:
         if len(pool) == 1:
             return pool[0]
         if key is not None and self.policy.affinity != "none":
-            return max(pool, key=lambda i: self._score(key, i))
+            raw = key.encode()
+            return max(pool, key=lambda i: self._score(raw, i))
         return self._strategy(pool)
 
     def rank(self, key: str) -> list[int]:
         """Every deployment by ``key``'s rendezvous score, health aside: its home first."""
-        return sorted(range(len(self.states)), key=lambda i: self._score(key, i), reverse=True)
+        raw = key.encode()
+        return sorted(range(len(self.states)), key=lambda i: self._score(raw, i), reverse=True)
 
     def claim(self, key: str | None, make_id: Callable[[], str]) -> str:
         """A new response id that hashes to where this turn goes (``key``'s deployment, or the
@@ -120,22 +128,23 @@ class Balancer:
         if len(self.states) == 1 or self.policy.affinity == "none":
             return make_id()
         home = self.pick(key)
+        others = [i for i in range(len(self.states)) if i != home]
         rid = make_id()
         for _ in range(CLAIM_TRIES - 1):
-            if self._top(rid) == home:
+            raw = rid.encode()
+            best = self._score(raw, home)
+            if all(self._score(raw, i) < best for i in others):
                 break
             rid = make_id()
         return rid
 
-    def _top(self, key: str) -> int:
-        return max(range(len(self.states)), key=lambda i: self._score(key, i))
-
-    def _score(self, key: str, i: int) -> float:
+    def _score(self, key: bytes, i: int) -> float:
         """Weighted rendezvous (highest random weight): -weight / ln(u), u uniform in (0, 1) from
         the hash of (deployment, key). Taking one deployment out moves only the keys it held."""
         s = self.states[i]
-        digest = hashlib.blake2b(s.seed + key.encode(), digest_size=8).digest()
-        u = (int.from_bytes(digest, "big") + 0.5) / _SCALE
+        h = s.seed.copy()
+        h.update(key)
+        u = (int.from_bytes(h.digest(), "big") + 0.5) / _SCALE
         return -s.weight / math.log(u)
 
     def _strategy(self, pool: list[int]) -> int:

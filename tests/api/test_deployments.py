@@ -177,6 +177,20 @@ async def test_a_previous_response_id_chain_stays_on_its_roots_upstream(served: 
     assert len(set(homes)) > 1  # the roots themselves are balanced (least_busy ties: by weight)
 
 
+async def test_new_chains_are_spread_by_the_strategy_then_stay(
+    served: ServedApp, fakes: dict[str, FakeOpenAIChat]
+) -> None:
+    for name, fake in fakes.items():
+        fake.default = Reply.text(f"from-{name}", pieces=1, delay=1.5)
+    async with client(served) as c:
+        roots = await asyncio.gather(*(ask(c, "sticky") for _ in range(12)))
+        assert Counter(served_by(r) for r in roots) == {"a": 4, "b": 4, "c": 4}  # least_busy
+        for fake in fakes.values():
+            fake.default = None
+        nexts = await asyncio.gather(*(ask(c, "sticky", previous_response_id=r["id"]) for r in roots))
+    assert [served_by(r) for r in nexts] == [served_by(r) for r in roots]
+
+
 async def test_a_websocket_connection_keeps_its_upstream(served: ServedApp) -> None:
     homes = []
     for _ in range(6):
