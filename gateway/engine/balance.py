@@ -179,10 +179,12 @@ class Balancer:
         """A try on deployment ``index`` begins (it counts as in flight until ``Attempt.end``)."""
         s = self.states[index]
         s.in_flight += 1
-        probe = s.failures >= self.policy.eject_after
+        now = self._clock()
+        # past its cooldown, an ejected deployment's next try is its trial (half-open)
+        probe = s.failures >= self.policy.eject_after and now >= s.ejected_until
         if probe:
             s.probing = True
-        return Attempt(self, s, self._clock(), probe)
+        return Attempt(self, s, now, probe)
 
     def healthy(self, index: int) -> bool:
         return self._ready(self.states[index], self._clock())
@@ -233,6 +235,7 @@ class Attempt:
         """The try failed before its first delta; a health failure extends the streak, and the
         streak's ``eject_after``-th (or a failed trial) ejects the deployment for the cooldown."""
         b, s = self._balancer, self._state
+        trial = self._probe
         self._clear_probe()
         if not health_failure(exc):
             return
@@ -242,6 +245,8 @@ class Attempt:
         policy = b.policy
         if s.failures >= policy.eject_after:
             s.ejected_until = now + policy.cooldown_seconds
+            if s.failures > policy.eject_after and not trial:
+                return  # out already (tried because every deployment is): logged when it left
             log.warning(
                 "deployment_ejected",
                 model=b.model,

@@ -9,6 +9,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from gateway.engine.balance import Balancer, health_failure
 from gateway.kernel.errors import (
@@ -253,3 +254,18 @@ def test_a_single_deployment_is_always_chosen() -> None:
     fail(b, 0)
     assert b.pick() == 0 and b.pick("k", tried={0}) == 0
     assert b.claim("k", lambda: "resp_y") == "resp_y"
+
+
+def test_leaving_and_coming_back_are_logged_once_each() -> None:
+    b, clock = balancer(1, 1, 1, eject_after=2, cooldown_seconds=5)
+    with capture_logs() as logs:
+        fail(b, 0, times=4)  # out at the second; the others were tried while it was out
+        clock.now += 5
+        fail(b, 0)  # the failed trial
+        clock.now += 5
+        succeed(b, 0)
+    assert [(ln["event"], ln["deployment"], ln.get("failures")) for ln in logs] == [
+        ("deployment_ejected", "d0", 2),
+        ("deployment_ejected", "d0", 5),
+        ("deployment_restored", "d0", None),
+    ]
