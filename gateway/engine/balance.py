@@ -53,7 +53,7 @@ def health_failure(exc: UpstreamError) -> bool:
     return exc.retryable
 
 
-def _seed(name: str) -> Any:
+def _seed(name: str) -> hashlib.blake2b:
     h = hashlib.blake2b(digest_size=8)
     h.update(name.encode() + b"\0")
     return h
@@ -65,7 +65,7 @@ class _State:
 
     name: str
     weight: float
-    seed: Any  # a blake2b hasher fed with its name: copied and fed each key
+    seed: hashlib.blake2b  # fed with its name; a copy is fed each key
     in_flight: int = 0
     ewma: float | None = None  # seconds to the first delta; None: never measured
     failures: int = 0  # health failures in a row
