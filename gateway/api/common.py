@@ -114,7 +114,14 @@ class RequestLog:
         err = result.error
         status: int | str = err.status if err is not None and not result.started else result.status
         code = err.code if err is not None else None
-        self.done(metrics, status, result.usage, provider=result.provider, error_code=code)
+        self.done(
+            metrics,
+            status,
+            result.usage,
+            provider=result.provider,
+            deployment=result.deployment,
+            error_code=code,
+        )
 
     def emit(self, status: int | str, **extra: Any) -> None:
         self.fields.update(extra)

@@ -40,7 +40,7 @@ async def list_models(request: Request) -> Response:
         return error_response(err)
     created = int(time.time())
     data = [
-        {"id": name, "object": "model", "created": created, "owned_by": gw.router.routes[name].provider}
+        {"id": name, "object": "model", "created": created, "owned_by": gw.router.routes[name].owner}
         for name in gw.router.model_names(principal.models)
     ]
     return json_response({"object": "list", "data": data})

@@ -141,6 +141,7 @@ class Connection:
         self._wake: asyncio.Future[None] | None = None
         self._worker: asyncio.Task[None] | None = None
         self.since = 0.0  # a send in progress since (gateway/api/stall.py)
+        self.affinity: str | None = None  # keeps the connection's turns on one deployment
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def serve(self) -> None:
@@ -295,8 +296,14 @@ class Connection:
             rlog.fields["model"] = model if isinstance(model, str) else None
             body = create_request(data, self.gw.settings.limits)
             turn = await self.gw.prepare(
-                body, self.principal, cache=self.cache, error_event=False, request_id=rlog.request_id
+                body,
+                self.principal,
+                cache=self.cache,
+                error_event=False,
+                request_id=rlog.request_id,
+                affinity=self.affinity,
             )
+            self.affinity = self.affinity or turn.affinity
         except Exception as exc:
             err = exc if isinstance(exc, GatewayError) else self._crashed()
             if previous is not None:

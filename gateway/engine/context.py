@@ -48,6 +48,7 @@ class Context:
     depth: int = 0  # responses in the previous_response_id chain
     tokens: int | None = None  # the transcript's estimated tokens, once fit_context counted them
     compacted: bool = False  # the window of an inline compaction (``compact_context``)
+    root: str | None = None  # the chain's first response id, when the chain was read from the store
 
     @property
     def transcript(self) -> list[Item]:
@@ -70,13 +71,15 @@ async def _history(
     cache: ConnectionCache | None,
     max_depth: int,
     open_compaction: CompactionOpener | None,
-) -> Transcript:
+) -> tuple[Transcript, str | None]:
+    """The chain's transcript, and its root's id when the store was read (a WebSocket's cached
+    transcript does not know it)."""
     if cache is not None:
         cached = cache.get_transcript(previous_id)
         if cached is not None:
             if cached.depth > max_depth:  # the limit a stored chain has
                 raise chain_too_deep(max_depth)
-            return cached
+            return cached, None
     chain = await store.chain(tenant, previous_id, max_depth)
     if not chain:
         raise PreviousResponseNotFound(previous_id)
@@ -93,7 +96,7 @@ async def _history(
                 history = _extend(history, _reopen(o, tenant, open_compaction, param))
             else:
                 history.append(output_as_input(o))
-    return Transcript(items=history, tokens=None, calls=call_ids(history), depth=len(chain))
+    return Transcript(items=history, tokens=None, calls=call_ids(history), depth=len(chain)), chain[0].id
 
 
 def _extend(items: list[Item], opened: list[Item]) -> list[Item]:
@@ -127,8 +130,9 @@ async def build_context(
 ) -> Context:
     history: list[Item] = []
     known: Transcript | None = None
+    root: str | None = None
     if previous_response_id:
-        known = await _history(previous_response_id, tenant, store, cache, max_depth, open_compaction)
+        known, root = await _history(previous_response_id, tenant, store, cache, max_depth, open_compaction)
         history = known.items
 
     new_items: list[Item] = []
@@ -169,6 +173,7 @@ async def build_context(
         calls=calls,
         history_tokens=known.tokens if known is not None else None,
         depth=known.depth if known is not None else 0,
+        root=root,
     )
 
 

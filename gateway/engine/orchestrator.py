@@ -127,11 +127,14 @@ class Gateway:
         error_event: bool = True,
         request_id: str | None = None,
         metered: bool = True,
+        affinity: str | None = None,
     ) -> Turn:
         """The turn of a validated request (``gateway/engine/validate.py``). ``streaming``: the
         caller relays deltas as they come (SSE, WebSocket); False lets the adapter ask for an
         unstreamed reply. ``error_event``: see ``ResponseBuilder``. ``metered``: False for a turn
-        whose caller meters it (compaction's summarizing call)."""
+        whose caller meters it (compaction's summarizing call). ``affinity``: the key of the
+        caller's own turns (a WebSocket connection's ``turn.affinity``), to keep them on one
+        deployment; a request's ``prompt_cache_key`` still comes first."""
         assert body.model is not None  # validate.create_request requires it
         route = self.route(body.model, principal)
         store = True if body.store is None else body.store
@@ -178,7 +181,17 @@ class Gateway:
         held = await self.limits.reserve(principal, checks, labels, charge)
         try:
             turn = self._turn(
-                body, principal, route, ctx, echoes, store, streaming, error_event, request_id, metered
+                body,
+                principal,
+                route,
+                ctx,
+                echoes,
+                store,
+                streaming,
+                error_event,
+                request_id,
+                metered,
+                affinity,
             )
             turn.compaction = compaction
         except BaseException:
@@ -202,8 +215,17 @@ class Gateway:
         error_event: bool,
         request_id: str | None,
         metered: bool,
+        affinity: str | None,
     ) -> Turn:
-        rid = response_id()
+        # The deployment affinity key (gateway/engine/balance.py): the prompt_cache_key, the
+        # caller's, or the chain's root. A turn that starts a chain gets an id hashing to where it
+        # goes, and is its own key: the chain's later turns then follow it through its root's id.
+        key = body.prompt_cache_key or affinity or ctx.root
+        if body.previous_response_id is None:
+            rid = route.chooser.claim(key, response_id)
+            key = key or rid
+        else:
+            rid = response_id()
         resource = new_resource(body, response_id=rid, model=route.model, store=store, echoes=echoes)
         kind = Warmup if body.generate is False else Turn
         turn = kind(
@@ -216,6 +238,7 @@ class Gateway:
             max_events=self.settings.limits.max_events_per_stream,
             error_event=error_event,
             request_id=request_id,
+            affinity=key,
         )
         if store:
             stored = StoredResponse(

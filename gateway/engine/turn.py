@@ -19,6 +19,8 @@ Allowed-tools enforcement lives here, once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import dataclasses
 import random
 import time
@@ -31,6 +33,7 @@ import structlog
 
 from adapters.base import UpstreamRequest
 from adapters.deltas import Delta, Finish, ToolCallArgsDelta, ToolCallStart, Usage
+from gateway.engine.balance import Attempt
 from gateway.engine.builder import ResponseBuilder
 from gateway.engine.context import Context
 from gateway.engine.routing import Route
@@ -48,8 +51,9 @@ _ENDED = frozenset({"completed", "incomplete"})
 @dataclass(slots=True)
 class TurnResult:
     """What a turn leaves: its final status (completed | incomplete | failed | cancelled), the
-    provider that answered, usage, the final ResponseResource, and the error it failed with.
-    ``started``: its first event was produced (False: it failed while opening)."""
+    provider and the deployment that answered (or were tried last), usage, the final
+    ResponseResource, and the error it failed with. ``started``: its first event was produced
+    (False: it failed while opening)."""
 
     route: Route
     context: Context
@@ -57,6 +61,7 @@ class TurnResult:
     request_id: str | None = None
     status: str = "in_progress"
     provider: str = ""
+    deployment: str = ""  # its name (gateway/engine/routing.py Deployment.name): a metrics label
     usage: dict[str, Any] | None = None
     error: GatewayError | None = None
     started: bool = False
@@ -86,11 +91,14 @@ class Turn:
 
     __slots__ = (
         "_allowed",
+        "_attempt",
         "_dropped",
         "_first",
         "_hooks",
         "_hooks_done",
+        "_label",
         "_stream",
+        "affinity",
         "builder",
         "compaction",
         "max_events",
@@ -109,14 +117,18 @@ class Turn:
         max_events: int,
         error_event: bool = True,
         request_id: str | None = None,
+        affinity: str | None = None,
     ) -> None:
         self.request = request
+        self.affinity = affinity  # the key that keeps related turns on one deployment (balance.py)
         self.builder = ResponseBuilder(resource, error_event=error_event)
         self.max_events = max_events
         self.result = TurnResult(
             route=route, context=context, resource=resource, request_id=request_id, provider=route.provider
         )
         self._stream: AsyncIterator[Delta] | None = None
+        self._attempt: Attempt | None = None  # the open try: in flight on its deployment until closed
+        self._label: contextvars.Token[Any] | None = None  # undoes the log lines' deployment field
         self._first: Delta | None = None
         self._allowed = parse_tool_choice(request.tool_choice).permitted(request.tools)
         self._dropped: set[int | str] = set()
@@ -199,31 +211,46 @@ class Turn:
 
     # -- opening, with retries and fallbacks ------------------------------------------------------
     async def _open(self) -> None:
-        """The first delta, along the route: each provider's retries, then each fallback, all
-        within the primary route's ``timeouts.total`` (backoff and Retry-After included: a wait
-        that would overrun it is not made, and the last error is raised instead). Adapters bound
+        """The first delta, along the route: its deployments, then each fallback's, all within the
+        primary route's ``total_seconds`` (backoff and Retry-After included: a wait that would
+        overrun it is not made, and the last error is raised instead). Each route gets ``tries``
+        tries: the balancer chooses the deployment of each (balance.py), a deployment not yet tried
+        in this turn right away, one tried already after the provider's backoff. Adapters bound
         each call by what is left of the request's ``deadline`` (``UpstreamRequest.seconds_left``)."""
         primary = self.result.route
         deadline = time.monotonic() + primary.total_seconds
         self.request.deadline = deadline  # the turn's own request: no other turn sees it
         last: UpstreamError | None = None
         for route in (primary, *primary.fallbacks):
-            request = self.request
-            if request.model != route.upstream_model:
-                request = dataclasses.replace(request, model=route.upstream_model)
-            for attempt in range(route.retry.attempts + 1):
-                stream = route.adapter.stream(request)
+            balancer = route.chooser
+            tried: set[int] = set()
+            index = balancer.pick(self.affinity)
+            for attempt in range(route.tries):
+                target = route.deployments[index]
+                request = self.request
+                if request.model != target.upstream_model:
+                    request = dataclasses.replace(request, model=target.upstream_model)
+                self.result.provider, self.result.deployment = target.provider, target.name
+                # the upstream_call lines the adapter writes carry the deployment too
+                bound = structlog.contextvars.bind_contextvars(deployment=target.name)
+                if self._label is None:
+                    self._label = bound["deployment"]
+                tried_on = balancer.start(index)
+                stream = target.adapter.stream(request)
                 try:
                     self._first = await anext(stream)
                 except StopAsyncIteration:
                     self._first = None
                 except UpstreamError as exc:
                     await _close(stream)
+                    tried_on.failed(exc)
+                    tried_on.end()
                     last = exc
                     log.warning(
                         "upstream_failed",
                         request_id=self.result.request_id,
-                        provider=route.provider,
+                        provider=target.provider,
+                        deployment=target.name,
                         attempt=attempt + 1,
                         code=exc.code,
                         upstream_status=exc.upstream_status,
@@ -231,16 +258,22 @@ class Turn:
                     )
                     if not exc.retryable:
                         raise
-                    if attempt < route.retry.attempts:
-                        wait = _backoff(attempt, route.retry, exc.retry_after)
+                    tried.add(index)
+                    if attempt + 1 < route.tries:
+                        index = balancer.pick(self.affinity, tried)
+                        # another deployment right away; the same one again after the backoff
+                        wait = _backoff(attempt, target.retry, exc.retry_after) if index in tried else 0.0
                         if time.monotonic() + wait >= deadline:
                             raise  # the retry could not finish in time: the client hears now
-                        await asyncio.sleep(wait)
+                        if wait:
+                            await asyncio.sleep(wait)
                     continue
                 except BaseException:
                     await _close(stream)
+                    tried_on.end()
                     raise
-                self._stream = stream
+                tried_on.opened()
+                self._stream, self._attempt = stream, tried_on
                 if route is not primary:
                     log.info(
                         "fallback_used",
@@ -248,7 +281,6 @@ class Turn:
                         model=primary.model,
                         fallback=route.model,
                     )
-                self.result.provider = route.provider
                 return
             log.warning(
                 "route_exhausted",
@@ -329,6 +361,12 @@ class Turn:
         if self._stream is not None:
             stream, self._stream = self._stream, None
             await _close(stream)
+        if self._attempt is not None:
+            self._attempt.end()
+        if self._label is not None:
+            label, self._label = self._label, None
+            with contextlib.suppress(ValueError):  # closed from another context: nothing to undo
+                structlog.contextvars.reset_contextvars(deployment=label)
 
 
 class Warmup(Turn):

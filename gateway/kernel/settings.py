@@ -278,11 +278,88 @@ class ProviderSettings(_Strict):
         return None
 
 
-class ModelRoute(_Strict):
+class Deployment(_Strict):
+    """One replica of a model: a provider (its base URL, key, timeouts and retry policy) and the
+    model's name there. ``name`` labels it in logs and metrics and is its identity for affinity
+    hashing (default: ``<provider>``, or ``<provider>/<index>`` when the model names it twice)."""
+
     provider: str
+    upstream_model: str | None = None  # None: the model's upstream_model, else its name
+    weight: float = Field(default=1.0, gt=0)  # its share of the traffic, relative to the others
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:/-]{1,64}$")
+
+
+class RoutingSettings(_Strict):
+    """How a model's deployments share its traffic (gateway/engine/balance.py)."""
+
+    strategy: Literal["least_busy", "weighted", "latency"] = "least_busy"
+    # prompt_cache_key: a request's prompt_cache_key, else its previous_response_id chain, else its
+    # WebSocket connection keeps it on one deployment (rendezvous hashing); none: the strategy alone
+    affinity: Literal["prompt_cache_key", "none"] = "prompt_cache_key"
+    # failures in a row (connect errors, timeouts, 5xx) that take a deployment out of rotation
+    eject_after: int = Field(default=3, ge=1)
+    cooldown_seconds: float = Field(default=30.0, gt=0)  # how long it stays out; then one trial
+
+
+class ModelRoute(_Strict):
+    """A model: one ``provider`` (one deployment), or ``deployments`` balanced by ``routing``."""
+
+    provider: str | None = None
     upstream_model: str | None = None  # None: the model name itself
+    deployments: list[Deployment] | None = None
+    routing: RoutingSettings = RoutingSettings()
     context_window: int = Field(default=128_000, ge=256)
     fallbacks: list[str] = []
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ModelRoute:
+        if self.deployments is None:
+            if self.provider is None:
+                raise _Problems([("provider", "give a provider, or a list of deployments")])
+            return self
+        if self.provider is not None:
+            why = "give either provider (one deployment) or deployments, not both"
+            raise _Problems([("deployments", why)])
+        if not self.deployments:
+            raise _Problems([("deployments", "must list at least one deployment")])
+        problems = []
+        seen: dict[str, int] = {}
+        for i, name in enumerate(self.deployment_names()):
+            first = seen.setdefault(name, i)
+            if first != i:
+                why = f"the same name '{name}' as deployments.{first}: each deployment needs its own"
+                problems.append((f"deployments.{i}.name", why))
+        if problems:
+            raise _Problems(problems)
+        return self
+
+    def targets(self) -> list[Deployment]:
+        """The deployments, each with its name and upstream model filled in (``upstream_model``
+        None still means the model's own name)."""
+        if self.deployments is None:
+            assert self.provider is not None  # _one_form
+            return [
+                Deployment(provider=self.provider, upstream_model=self.upstream_model, name=self.provider)
+            ]
+        return [
+            d.model_copy(update={"name": name, "upstream_model": d.upstream_model or self.upstream_model})
+            for d, name in zip(self.deployments, self.deployment_names(), strict=True)
+        ]
+
+    def deployment_names(self) -> list[str]:
+        deps = self.deployments or []
+        counts: dict[str, int] = {}
+        for d in deps:
+            counts[d.provider] = counts.get(d.provider, 0) + 1
+        return [
+            d.name or (d.provider if counts[d.provider] == 1 else f"{d.provider}/{i}")
+            for i, d in enumerate(deps)
+        ]
+
+    @property
+    def owner(self) -> str:
+        """The provider that owns the model in ``GET /v1/models``: its (first) deployment's."""
+        return self.targets()[0].provider
 
 
 class Limits(_Strict):
@@ -462,8 +539,17 @@ class Settings(BaseSettings):
                 if not self.routes_model(model, table):
                     problems.append((f"tenants.{tenant}.models.{j}", f"unknown model '{model}'"))
         for name, route in self.models.items():
-            if route.provider not in self.providers and route.provider != "mock":
+            if (
+                route.provider is not None
+                and route.provider not in self.providers
+                and route.provider != "mock"
+            ):
                 problems.append((f"models.{name}.provider", f"unknown provider '{route.provider}'"))
+            for i, d in enumerate(route.deployments or ()):
+                if d.provider not in self.providers and d.provider != "mock":
+                    problems.append(
+                        (f"models.{name}.deployments.{i}.provider", f"unknown provider '{d.provider}'")
+                    )
             for i, fb in enumerate(route.fallbacks):
                 if not self.routes_model(fb, table):
                     problems.append((f"models.{name}.fallbacks.{i}", f"unknown model '{fb}'"))
