@@ -5,6 +5,7 @@ supervisor (the Prometheus multiprocess directory, a supervisor that disappears)
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import signal
 import time
@@ -18,6 +19,7 @@ from tests.api.procs import (
     Gateway,
     completed_text,
     create,
+    events,
     post_json,
     post_sse,
     read_turn,
@@ -211,3 +213,45 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+async def test_a_worker_that_keeps_dying_is_restarted_with_backoff(tmp_path: Path) -> None:
+    cfg = config()
+    async with running(tmp_path, cfg, "--workers", "2", workers=2) as gw:
+        first = worker_pids(gw)
+        broken = copy.deepcopy(cfg)
+        broken["models"]["mock"]["provider"] = "nowhere"  # a new worker refuses to start on it
+        gw.write(broken)
+        os.kill(first[0], signal.SIGKILL)
+        await gw.wait_log(lambda logs: len(events(logs, "worker_exited")) >= 4, 90)
+        delays = [e["restart_in_seconds"] for e in gw.events("worker_exited")][:4]
+        assert delays == [0.0, 0.5, 1.0, 2.0]
+        assert [e["returncode"] for e in gw.events("worker_exited")][1:4] == [2, 2, 2]  # config_invalid
+        for i in range(5):  # the other worker serves throughout
+            assert (await post_json(gw, "sk-a", text=f"meanwhile {i}")).status_code == 200
+        gw.write(cfg)  # fixed: the next restart comes up
+        await gw.wait_log(lambda logs: len(events(logs, "gateway_started")) >= 3, 90)
+    assert gw.proc.returncode == 0, gw.tail()
+
+
+async def test_a_worker_that_does_not_drain_is_killed_and_the_exit_code_says_so(tmp_path: Path) -> None:
+    cfg = config()
+    cfg["limits"]["ws_drain_seconds"] = 1
+    gw = Gateway(tmp_path, cfg, "--workers", "2")
+    try:
+        await gw.started(2)
+        stuck, healthy = worker_pids(gw)
+        os.kill(stuck, signal.SIGSTOP)  # it cannot drain, nor even see the SIGTERM
+        start = time.monotonic()
+        code = await gw.stop(signal.SIGTERM, seconds=60)
+        took = time.monotonic() - start
+    finally:
+        gw.close()
+    assert code == 1
+    assert 12 <= took < 30  # the drain (1 s), the cut, then 10 s more before the kill
+    (killed,) = gw.events("worker_killed")
+    assert killed["pid"] == stuck
+    exits = {e["pid"]: e for e in gw.events("worker_exited")}
+    assert exits[healthy]["level"] == "info"
+    assert exits[stuck]["returncode"] == -signal.SIGKILL and exits[stuck]["level"] == "error"
+    assert gw.events("supervisor_stopped")[0]["exit_code"] == 1
