@@ -239,8 +239,6 @@ def _pid(slot: Slot) -> int | None:
 
 def _mark_dead(pid: int, path: str) -> None:
     """Tell prometheus_client that ``pid`` is gone (its live gauges stop counting)."""
-    try:
-        from prometheus_client import multiprocess
-    except ImportError:  # no client library: no metric files to tidy
-        return
+    from prometheus_client import multiprocess  # here: only the supervisor needs it
+
     multiprocess.mark_process_dead(pid, path)
