@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 
 import structlog
@@ -18,10 +18,13 @@ from compact.inline import compact_inline
 from compact.opener import Opener
 from compact.seal import Sealer
 from compact.truncation import fit_context
-from gateway.api import compact, http, ops, stored, usage
+from gateway.api import admin, compact, http, ops, stored, usage
 from gateway.api.common import error_response
+from gateway.api.live import LiveGateway
+from gateway.api.reload import Reloader
 from gateway.api.stall import StallWatch
 from gateway.api.ws import WebSocketHub, responses_socket
+from gateway.engine.context import CompactionOpener
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.routing import Router
 from gateway.kernel.errors import GatewayError, InvalidRequest, NotFound, ServerError
@@ -32,18 +35,37 @@ from state.factory import create_ledger, create_limiter, create_store
 log = structlog.get_logger("gateway.app")
 
 
-def build_gateway(settings: Settings) -> Gateway:
-    store = create_store(settings.state)
+def build_gateway(settings: Settings, running: Gateway | None = None) -> Gateway:
+    """The gateway of ``settings``. On a reload (``running``: the gateway in service) the store, the
+    usage ledger and the limiter are the running ones (``state`` changes only at a restart: a new
+    in-process store would start empty), and so is the compaction key ring while ``compaction.keys``
+    is unchanged (an empty list means a random per-process key)."""
+    if running is None:
+        store = create_store(settings.state)
+        ledger, limiter = create_ledger(settings.state, store), create_limiter(settings.state)
+    else:
+        store, ledger, limiter = running.store, running.meter.ledger, running.limits.limiter
+    opener: CompactionOpener | None = None
+    if running is not None and settings.compaction.keys == running.settings.compaction.keys:
+        opener = running.open_compaction
+    if opener is None:
+        opener = Opener(Sealer.from_settings(settings.compaction))
     return Gateway(
         settings,
         router=Router(settings),
         store=store,
-        ledger=create_ledger(settings.state, store),
-        open_compaction=Opener(Sealer.from_settings(settings.compaction)),
+        ledger=ledger,
+        open_compaction=opener,
         fit_context=fit_context,
         compact_context=compact_inline,
-        limiter=create_limiter(settings.state),
+        limiter=limiter,
     )
+
+
+async def retire_gateway(gw: Gateway) -> None:
+    """A gateway a reload replaced, once nothing holds it: its upstream clients (the store, ledger
+    and limiter live on in its successor)."""
+    await gw.router.aclose()
 
 
 HOT_PATHS = frozenset({"/v1/responses", "/v1/codex/responses"})
@@ -54,7 +76,20 @@ class GatewayApp(FastAPI):
     ASGI handler, skipping the middleware stack's per-``send`` wrappers (each SSE event is a send)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] in HOT_PATHS:
+        if scope["type"] != "http":  # a WebSocket holds the live gateway per turn (gateway/api/ws.py)
+            await super().__call__(scope, receive, send)
+            return
+        # A request runs to its end on the gateway current when it arrived (a reload may swap it):
+        # every handler reads app.state.gateway before its first await, so this is the one it uses.
+        live: LiveGateway = self.state.live
+        gw = live.acquire()
+        try:
+            await self._http(scope, receive, send)
+        finally:
+            live.release(gw)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["path"] in HOT_PATHS:
             if scope["method"] != "POST":  # (a WebSocket upgrade is a "websocket" scope)
                 await method_not_allowed(scope["method"], ("POST",))(scope, receive, send)
                 return
@@ -87,13 +122,18 @@ def allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
     return sorted(methods)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, reload_from: Callable[[], Settings] | None = None
+) -> FastAPI:
+    """``reload_from``: reads and validates the config again (SIGHUP, ``POST /admin/reload``); None:
+    this app cannot reload (it was given its settings)."""
     settings = settings or load_settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         gateway = build_gateway(settings)
         app.state.gateway = gateway
+        app.state.live = LiveGateway(gateway, retire_gateway)
         app.state.metrics.limiter_errors = lambda: gateway.limits.errors
         log.info(
             "gateway_started",
@@ -107,12 +147,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             await app.state.ws_hub.drain(0)  # normally done already (GatewayServer); cut what is left
             await app.state.stall_watch.aclose()
-            await gateway.aclose()
+            await app.state.live.aclose()  # the gateways a reload replaced
+            await app.state.live.current.aclose()
 
     app = GatewayApp(
         title="Open Responses gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.settings = settings
+    app.state.reloader = Reloader(app.state, reload_from, build_gateway)
     app.state.metrics = Metrics()
     app.state.ws_hub = WebSocketHub()
     app.state.stall_watch = StallWatch(settings.limits.client_send_seconds)
@@ -127,6 +169,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_route("/healthz", ops.healthz, methods=["GET"])
     app.add_route("/readyz", ops.readyz, methods=["GET"])
     app.add_route("/metrics", ops.metrics, methods=["GET"])
+    app.add_route("/admin/reload", admin.reload_config, methods=["POST"])
 
     async def http_exception(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

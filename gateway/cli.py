@@ -1,12 +1,18 @@
-"""``python -m gateway serve [--config FILE] [--host H] [--port P] [--log-level L]``,
-``python -m gateway check-config [--config FILE] [--host H]``, ``--version``."""
+"""``python -m gateway serve [--config FILE] [--host H] [--port P] [--workers N] [--log-level L]``,
+``python -m gateway check-config [--config FILE] [--host H]``, ``--version``.
+
+With more than one worker, ``serve`` is the supervisor (gateway/supervisor.py), which runs each
+worker as ``serve ... --worker-fd FD``: this same server on the supervisor's socket."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import signal
 import socket
 import sys
+import threading
 from typing import Any
 
 import structlog
@@ -16,6 +22,7 @@ from gateway import __version__
 from gateway.api.server_protocol import BoundedReads, bounded_protocol
 from gateway.kernel.settings import ConfigError, Settings, listener_warnings, load_settings
 from gateway.logs import configure_logging, log_config_error
+from gateway.supervisor import Supervisor, bind
 
 log = structlog.get_logger("gateway.cli")
 
@@ -55,10 +62,27 @@ class GatewayServer(uvicorn.Server):
     CUT_SECONDS = 0.5  # after the deadline, for close frames; then again for the handlers to end
     GRACE_SECONDS = 1  # uvicorn's own wait after that (timeout_graceful_shutdown): a stuck handler
 
-    def __init__(self, config: uvicorn.Config, app: Any, drain_seconds: float) -> None:
+    def __init__(
+        self, config: uvicorn.Config, app: Any, drain_seconds: float, supervisor: int | None = None
+    ) -> None:
         super().__init__(config)
         self.gateway_app = app
         self.drain_seconds = drain_seconds
+        self.supervisor = supervisor  # a worker's parent: when it is gone, the worker stops
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and threading.current_thread() is threading.main_thread():
+            # SIGHUP: re-read the config (gateway/api/reload.py); synchronous, like the swap it does
+            reload = self.gateway_app.state.reloader.reload
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload, "sighup")
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.supervisor is not None and counter % 10 == 0 and os.getppid() != self.supervisor:
+            if not self.should_exit:
+                log.warning("supervisor_gone", supervisor=self.supervisor)
+            self.should_exit = True  # drains as on SIGTERM
+        return await super().on_tick(counter)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         loop = asyncio.get_running_loop()
@@ -120,6 +144,14 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", parents=[config], help="run the gateway", description="Run the gateway.")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default: {DEFAULT_PORT})")
     serve.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="worker processes sharing the port (default: the config's server.workers, itself 1)",
+    )
+    serve.add_argument("--worker-fd", type=int, default=None, help=argparse.SUPPRESS)  # the supervisor's
+    serve.add_argument(
         "--log-level",
         default=None,
         choices=["debug", "info", "warning", "error"],
@@ -139,7 +171,33 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def workers_warnings(settings: Settings, workers: int) -> list[tuple[str, str]]:
+    """What more than one worker process does not share unless the config makes it shared."""
+    if workers < 2:
+        return []
+    found = []
+    if settings.state.redis_url is None:
+        found.append(
+            (
+                "state.redis_url",
+                f"{workers} workers with the in-process store: each has its own, so a response stored "
+                "by one is not found by another (previous_response_id) and tenancy limits count per "
+                "worker; set state.redis_url to share them",
+            )
+        )
+    if not settings.compaction.keys:
+        found.append(
+            (
+                "compaction.keys",
+                f"{workers} workers without compaction keys: each makes its own, so an item one "
+                "worker compacted does not open on another; set compaction.keys",
+            )
+        )
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
     try:
         settings = load_settings(args.config, host=args.host)
@@ -149,19 +207,40 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(str(exc), file=sys.stderr)
         return 2
-    warnings = listener_warnings(settings, args.host)
+    flag = getattr(args, "workers", None)  # check-config has no --workers
+    workers = settings.server.workers if flag is None else flag
+    warnings = listener_warnings(settings, args.host) + workers_warnings(settings, workers)
     if args.command == "check-config":
         for field, message in warnings:
             print(f"warning: {field}: {message}", file=sys.stderr)
         print("configuration ok")
         return 0
+    if workers < 1:
+        log_config_error("invalid configuration:\n  --workers: must be at least 1")
+        return 2
     configure_logging(args.log_level or settings.log.level, settings.log.json_logs)
+    if args.worker_fd is not None:  # a worker: the supervisor has logged the warnings
+        structlog.contextvars.bind_contextvars(pid=os.getpid())  # on every line of this worker
+        return serve(args, settings, socket.socket(fileno=args.worker_fd), supervisor=os.getppid())
     for field, message in warnings:
         log.warning("config_warning", field=field, detail=message)
+    if workers == 1:
+        return serve(args, settings)
+    return supervise(argv, args, settings, workers)
+
+
+def serve(
+    args: argparse.Namespace,
+    settings: Settings,
+    sock: socket.socket | None = None,
+    supervisor: int | None = None,
+) -> int:
+    """One server process: on ``args.host``/``args.port``, or on ``sock`` (a worker's)."""
     from gateway.app import create_app
 
-    app = create_app(settings)
+    app = create_app(settings, reload_from=lambda: load_settings(args.config, host=args.host))
     app.state.url = _url(args.host, args.port)
+    app.state.reloader.supervisor = supervisor
     config = uvicorn.Config(
         app,
         host=args.host,
@@ -173,8 +252,26 @@ def main(argv: list[str] | None = None) -> int:
         **uvicorn_http_options(settings),
         **uvicorn_ws_options(settings),
     )
-    GatewayServer(config, app, settings.limits.ws_drain_seconds).run()
+    server = GatewayServer(config, app, settings.limits.ws_drain_seconds, supervisor)
+    server.run(sockets=None if sock is None else [sock])
     return 0
+
+
+def supervise(argv: list[str], args: argparse.Namespace, settings: Settings, workers: int) -> int:
+    """The parent of ``workers`` worker processes on one socket (gateway/supervisor.py)."""
+    try:
+        sock = bind(args.host, args.port)
+    except OSError as exc:
+        log.error("listen_failed", host=args.host, port=args.port, error=exc.strerror or str(exc))
+        return 1
+    port = sock.getsockname()[1]
+    log.info("supervisor_started", url=_url(args.host, port), workers=workers, pid=os.getpid())
+    # as many ports as given: the workers print their own url, so name the real one if it was 0
+    command = [sys.executable, "-m", "gateway", *argv, "--port", str(port)]
+    # a worker's drain is bounded by ws_drain_seconds, then its cut and uvicorn's grace: beyond
+    # this, it is stuck, and killed
+    stop_seconds = settings.limits.ws_drain_seconds + 4 * GatewayServer.CUT_SECONDS + 10
+    return Supervisor(lambda fd: [*command, "--worker-fd", str(fd)], sock, workers, stop_seconds).run()
 
 
 if __name__ == "__main__":

@@ -40,7 +40,8 @@ def configure_logging(level: str = "info", json_logs: bool = True) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # one write per line (print's two would let workers sharing stderr interleave mid-line)
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
     handler = logging.StreamHandler(sys.stderr)

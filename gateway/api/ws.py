@@ -252,7 +252,8 @@ class Connection:
                     return
                 self.busy = True
                 try:
-                    await self._turn(job)
+                    with self.ws.app.state.live.hold() as gw:  # the turn keeps it; a reload may swap it
+                        await self._turn(job, gw)
                 except WebSocketDisconnect:
                     raise
                 except Exception:
@@ -280,13 +281,14 @@ class Connection:
             await self._send(ws_text(err.ws_envelope()))
         await self._close(CLOSE_NORMAL, "connection limit reached")
 
-    async def _turn(self, job: Job) -> None:
+    async def _turn(self, job: Job, gw: Gateway) -> None:
         rlog = RequestLog(cast(Request, self.ws), "websocket")
         rlog.fields["request_id"] = new_id("req")
         rlog.fields["connection_id"] = self.id
-        rlog.fields["tenant"] = self.principal.tenant
         previous: str | None = None
         try:
+            self._use(gw)
+            rlog.fields["tenant"] = self.principal.tenant
             if isinstance(job, GatewayError):
                 raise job
             data = _parse(job)
@@ -318,6 +320,12 @@ class Connection:
             await turn.run(self._emit)
         except GatewayError as err:  # before generation: the envelope only
             await self._send(ws_text(err.ws_envelope()))
+
+    def _use(self, gw: Gateway) -> None:
+        """The turn's gateway: after a reload, the new one, on which the key must still be valid."""
+        if gw is not self.gw:
+            self.principal = gw.auth.authenticate(self.ws.headers.get("authorization"))
+            self.gw = gw
 
     async def _emit(self, event: dict[str, Any]) -> None:
         """A turn's event: ``_send`` inlined, since this runs once per streamed event."""

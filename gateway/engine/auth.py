@@ -27,7 +27,8 @@ ANONYMOUS = Principal(tenant="default")
 
 @dataclass(slots=True, frozen=True)
 class Admin:
-    """An admin key (``admin.api_keys``): it may read every tenant's usage, and nothing else."""
+    """An admin key (``admin.api_keys``): it may read every tenant's usage and reload the config
+    (``POST /admin/reload``), and nothing else."""
 
     name: str
 
@@ -65,7 +66,9 @@ class Authenticator:
         an admin key is refused with 403: it serves no model."""
         found = self.identify(authorization)
         if isinstance(found, Admin):
-            raise PermissionDenied("An admin key may only read usage (GET /v1/usage); use a client key.")
+            raise PermissionDenied(
+                "An admin key may only read usage (GET /v1/usage) and reload the config; use a client key."
+            )
         return found
 
     def identify(self, authorization: str | None) -> Principal | Admin:

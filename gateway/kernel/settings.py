@@ -410,6 +410,13 @@ class CompactionSettings(_Strict):
         return int(context_window * self.keep_recent_fraction)
 
 
+class ServerSettings(_Strict):
+    """The serving processes (``serve --workers`` overrides ``workers``); read at start only."""
+
+    # worker processes sharing one listening socket (1: a single process, no supervisor)
+    workers: int = Field(default=1, ge=1, le=64)
+
+
 class LogSettings(_Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
     json_logs: bool = Field(default=True, alias="json")
@@ -447,6 +454,7 @@ class Settings(BaseSettings):
     admin: AdminSettings = AdminSettings()
     compaction: CompactionSettings = CompactionSettings()
     log: LogSettings = LogSettings()
+    server: ServerSettings = ServerSettings()
     auto_providers: bool = True  # register openai/anthropic/gemini from OPENAI_API_KEY etc.
 
     def provider_table(self) -> dict[str, ProviderSettings]:

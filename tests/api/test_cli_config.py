@@ -232,6 +232,7 @@ def test_version_and_help_with_every_default() -> None:
             "--config": "$GATEWAY_CONFIG",
             "--host": "127.0.0.1",
             "--port": "8080",
+            "--workers": "1",
             "--log-level": "info",
         },
         "check-config": {"--config": "$GATEWAY_CONFIG", "--host": "127.0.0.1"},
