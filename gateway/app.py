@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
+from urllib.parse import urlsplit
 
 import structlog
 from fastapi import FastAPI
@@ -17,12 +18,14 @@ from starlette.types import Receive, Scope, Send
 from compact.opener import Opener
 from compact.seal import Sealer
 from compact.truncation import fit_context
+from gateway import tracing
 from gateway.api import compact, http, ops, stored, usage
 from gateway.api.common import error_response
 from gateway.api.stall import StallWatch
 from gateway.api.ws import WebSocketHub, responses_socket
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.routing import Router
+from gateway.engine.telemetry import NOOP_OBSERVER, NOOP_TRACER, Observer, Tracer
 from gateway.kernel.errors import GatewayError, InvalidRequest, NotFound, ServerError
 from gateway.kernel.settings import Settings, load_settings
 from gateway.metrics import Metrics
@@ -31,7 +34,9 @@ from state.factory import create_ledger, create_limiter, create_store
 log = structlog.get_logger("gateway.app")
 
 
-def build_gateway(settings: Settings) -> Gateway:
+def build_gateway(
+    settings: Settings, observer: Observer = NOOP_OBSERVER, tracer: Tracer = NOOP_TRACER
+) -> Gateway:
     store = create_store(settings.state)
     return Gateway(
         settings,
@@ -41,6 +46,8 @@ def build_gateway(settings: Settings) -> Gateway:
         open_compaction=Opener(Sealer.from_settings(settings.compaction)),
         fit_context=fit_context,
         limiter=create_limiter(settings.state),
+        observer=observer,
+        tracer=tracer,
     )
 
 
@@ -85,20 +92,28 @@ def allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
     return sorted(methods)
 
 
+def _listener_host(app: FastAPI) -> str | None:
+    """The public listener's host, from the URL the CLI records (None: not started by the CLI)."""
+    url = getattr(app.state, "url", None)
+    return urlsplit(url).hostname if url else None
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or load_settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        gateway = build_gateway(settings)
+        metrics: Metrics = app.state.metrics
+        gateway = build_gateway(settings, metrics, app.state.tracer)
         app.state.gateway = gateway
-        app.state.metrics.limiter_errors = lambda: gateway.limits.errors
+        await metrics.start(_listener_host(app))
         log.info(
             "gateway_started",
             url=getattr(app.state, "url", None),  # set by the CLI, which knows where it listens
             auth=gateway.auth.enabled,
             models=gateway.router.model_names(),
             store="redis" if settings.state.redis_url else "memory",
+            tracing=gateway.tracer.enabled,
         )
         try:
             yield
@@ -106,12 +121,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await app.state.ws_hub.drain(0)  # normally done already (GatewayServer); cut what is left
             await app.state.stall_watch.aclose()
             await gateway.aclose()
+            await metrics.stop()
+            await tracing.aclose(gateway.tracer)
 
     app = GatewayApp(
         title="Open Responses gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.settings = settings
-    app.state.metrics = Metrics()
+    app.state.metrics = Metrics(settings)
+    app.state.tracer = tracing.from_settings(settings)  # a test may put its own before the start
     app.state.ws_hub = WebSocketHub()
     app.state.stall_watch = StallWatch(settings.limits.client_send_seconds)
     for path in ("/v1/responses", "/v1/codex/responses"):

@@ -34,6 +34,17 @@ from adapters.deltas import Delta, Finish, ToolCallArgsDelta, ToolCallStart
 from gateway.engine.builder import ResponseBuilder
 from gateway.engine.context import Context
 from gateway.engine.routing import Route
+from gateway.engine.telemetry import (
+    NOOP_OBSERVER,
+    NOOP_SPAN,
+    NOOP_TRACER,
+    Observer,
+    Span,
+    Tracer,
+    deployment_of,
+    provider_system,
+    upstream_outcome,
+)
 from gateway.kernel.errors import GatewayError, ServerError, UpstreamError
 from gateway.kernel.settings import RetrySettings
 from gateway.kernel.tool_choice import parse_tool_choice
@@ -86,6 +97,7 @@ class Turn:
 
     __slots__ = (
         "_allowed",
+        "_attempt",
         "_dropped",
         "_first",
         "_hooks",
@@ -93,9 +105,11 @@ class Turn:
         "_stream",
         "builder",
         "max_events",
+        "observer",
         "rate_headers",
         "request",
         "result",
+        "tracer",
     )
 
     def __init__(
@@ -108,8 +122,12 @@ class Turn:
         max_events: int,
         error_event: bool = True,
         request_id: str | None = None,
+        observer: Observer = NOOP_OBSERVER,
+        tracer: Tracer = NOOP_TRACER,
     ) -> None:
         self.request = request
+        self.observer = observer
+        self.tracer = tracer
         self.builder = ResponseBuilder(resource, error_event=error_event)
         self.max_events = max_events
         self.result = TurnResult(
@@ -121,6 +139,8 @@ class Turn:
         self._dropped: set[int | str] = set()
         self._hooks: list[TurnHook] = []
         self._hooks_done = False
+        # the attempt that answered: its route, start (perf_counter) and span, until the stream ends
+        self._attempt: tuple[Route, float, Span] | None = None
         # the x-ratelimit-* headers of the admission (gateway/engine/limits.py), for the transport
         self.rate_headers: dict[str, str] = {}
 
@@ -201,14 +221,22 @@ class Turn:
         that would overrun it is not made, and the last error is raised instead). Adapters bound
         each call by what is left of the request's ``deadline`` (``UpstreamRequest.seconds_left``)."""
         primary = self.result.route
+        began = time.perf_counter()
         deadline = time.monotonic() + primary.total_seconds
         self.request.deadline = deadline  # the turn's own request: no other turn sees it
+        observer = self.observer
         last: UpstreamError | None = None
         for route in (primary, *primary.fallbacks):
             request = self.request
             if request.model != route.upstream_model:
                 request = dataclasses.replace(request, model=route.upstream_model)
+            if route is not primary:
+                observer.fallback(primary, route)
             for attempt in range(route.retry.attempts + 1):
+                span = self._attempt_span(route, attempt, route is not primary)
+                if span.recording:  # the upstream call names its span (W3C traceparent)
+                    request = dataclasses.replace(request, trace_headers=span.trace_headers())
+                start = time.perf_counter()
                 stream = route.adapter.stream(request)
                 try:
                     self._first = await anext(stream)
@@ -216,6 +244,9 @@ class Turn:
                     self._first = None
                 except UpstreamError as exc:
                     await _close(stream)
+                    observer.upstream_attempt(route, upstream_outcome(exc), time.perf_counter() - start)
+                    span.fail(exc.code)
+                    span.end()
                     last = exc
                     log.warning(
                         "upstream_failed",
@@ -232,12 +263,19 @@ class Turn:
                         wait = _backoff(attempt, route.retry, exc.retry_after)
                         if time.monotonic() + wait >= deadline:
                             raise  # the retry could not finish in time: the client hears now
+                        observer.upstream_retry(route)
                         await asyncio.sleep(wait)
                     continue
-                except BaseException:
+                except BaseException as exc:
                     await _close(stream)
+                    observer.upstream_attempt(route, upstream_outcome(exc), time.perf_counter() - start)
+                    span.fail(getattr(exc, "code", None) or type(exc).__name__)
+                    span.end()
                     raise
                 self._stream = stream
+                self._attempt = (route, start, span)
+                if request.stream:
+                    observer.first_token(route, time.perf_counter() - began)
                 if route is not primary:
                     log.info(
                         "fallback_used",
@@ -319,10 +357,42 @@ class Turn:
                 delta = Finish("stop")
         return self.builder.feed(delta)
 
+    def _attempt_span(self, route: Route, attempt: int, fallback: bool) -> Span:
+        tracer = self.tracer
+        if not tracer.enabled:
+            return NOOP_SPAN
+        settings = getattr(route.adapter, "settings", None)
+        return tracer.child(
+            f"chat {route.upstream_model}",
+            {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": provider_system(str(getattr(settings, "kind", route.provider))),
+                "gen_ai.request.model": route.upstream_model,
+                "gateway.model": route.model,
+                "gateway.provider": route.provider,
+                "gateway.deployment": deployment_of(route),
+                "gateway.attempt": attempt + 1,
+                "gateway.fallback": fallback,
+            },
+            client=True,
+        )
+
     async def _close(self) -> None:
         if self._stream is not None:
             stream, self._stream = self._stream, None
             await _close(stream)
+        if self._attempt is not None:
+            (route, start, span), self._attempt = self._attempt, None
+            err = self.result.error
+            if isinstance(err, UpstreamError):
+                outcome = upstream_outcome(err)
+            else:
+                # still in progress here: cancelled (run's finally marks it so after closing)
+                outcome = "cancelled" if self.result.status in ("in_progress", "cancelled") else "ok"
+            self.observer.upstream_attempt(route, outcome, time.perf_counter() - start)
+            if outcome != "ok":
+                span.fail(err.code if err is not None else outcome)
+            span.end()
 
 
 async def _relay(events: AsyncGenerator[Event, None], emit: Emit) -> None:
