@@ -360,8 +360,8 @@ class Metrics(Observer):
     def fallback(self, primary: Route, fallback: Route) -> None:
         self.fallbacks.labels(self.model(primary.model), self.model(fallback.model)).inc()
 
-    def first_token(self, route: Route, seconds: float) -> None:
-        self.ttft.labels(self.model(route.model), self.provider(route.provider)).observe(seconds)
+    def first_token(self, primary: Route, route: Route, seconds: float) -> None:
+        self.ttft.labels(self.model(primary.model), self.provider(route.provider)).observe(seconds)
 
     def store_op(self, op: str, seconds: float, failed: bool) -> None:
         op = _closed(op, STORE_OPS)

@@ -81,8 +81,9 @@ class Observer:
     def fallback(self, primary: Route, fallback: Route) -> None:
         """The turn moved on to a fallback route."""
 
-    def first_token(self, route: Route, seconds: float) -> None:
-        """A streamed turn's first delta arrived ``seconds`` after the turn began opening."""
+    def first_token(self, primary: Route, route: Route, seconds: float) -> None:
+        """A streamed turn's first delta arrived ``seconds`` after the turn began opening
+        (``primary``: the model asked for; ``route``: the one that answered, maybe a fallback)."""
 
     def store_op(self, op: str, seconds: float, failed: bool) -> None:
         """One call to the response store."""

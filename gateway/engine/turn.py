@@ -275,7 +275,7 @@ class Turn:
                 self._stream = stream
                 self._attempt = (route, start, span)
                 if request.stream:
-                    observer.first_token(route, time.perf_counter() - began)
+                    observer.first_token(primary, route, time.perf_counter() - began)
                 if route is not primary:
                     log.info(
                         "fallback_used",
