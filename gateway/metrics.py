@@ -51,6 +51,7 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 WORKER_SAMPLE_SECONDS = 10.0
+_CACHE_MAX = 4096  # cached label combinations per kind (the label values themselves are bounded)
 
 TRANSPORTS = frozenset({"http", "websocket", "compact"})
 STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled", "in_progress"})
@@ -174,6 +175,11 @@ class Metrics(Observer):
         self._tenants = frozenset(tenants | ({"default"} if not settings.auth.enabled else set()))
         self._codes = _Bounded(_KNOWN_CODES, MAX_EXTRA_ERROR_CODES)
         self._ws_open = 0
+        # label values → their series, so that the hot path calls labels() once per combination
+        self._request_cache: dict[tuple[Any, ...], tuple[Any, Any, Any, tuple[Any, ...]]] = {}
+        self._attempt_cache: dict[tuple[str, str, str], Any] = {}
+        self._ttft_cache: dict[tuple[str, str], Any] = {}
+        self._store_cache: dict[str, tuple[Any, Any]] = {}
         self._sampler: asyncio.Task[None] | None = None
         self._listener: WSGIServer | None = None
         reg = self.registry
@@ -321,20 +327,43 @@ class Metrics(Observer):
         provider: str | None = None,
         error_code: str | None = None,
     ) -> None:
+        key = (transport, model, status, tenant, provider, error_code)
+        hit = self._request_cache.get(key)
+        if hit is None:
+            hit = self._request_children(*key)
+            if len(self._request_cache) < _CACHE_MAX:
+                self._request_cache[key] = hit
+        requests, duration, turns, tokens = hit
+        requests.inc()
+        duration.observe(seconds)
+        if turns is not None:
+            turns.inc()
+        if usage:
+            for child, n in zip(tokens, _token_counts(usage), strict=True):
+                if n > 0:
+                    child.inc(n)
+
+    def _request_children(
+        self,
+        transport: str,
+        model: str | None,
+        status: int | str,
+        tenant: str | None,
+        provider: str | None,
+        error_code: str | None,
+    ) -> tuple[Any, Any, Any, tuple[Any, ...]]:
+        """The series one kind of request end goes to (looked up once, then cached: ``labels()``
+        costs a microsecond or two each time)."""
         transport = _closed(transport, TRANSPORTS)
         model = self.model(model)
         tenant = self.tenant(tenant)
         status_label = self.status(status)
-        self.requests.labels(
+        requests = self.requests.labels(
             transport, model, self.provider(provider), tenant, status_label, self.error_code(error_code)
-        ).inc()
-        self.duration.labels(transport, model).observe(seconds)
-        if transport == "websocket":
-            self.ws_turns.labels(tenant, status_label).inc()
-        if usage:
-            for kind, n in _token_counts(usage):
-                if n > 0:
-                    self.tokens.labels(tenant, model, kind).inc(n)
+        )
+        turns = self.ws_turns.labels(tenant, status_label) if transport == "websocket" else None
+        tokens = tuple(self.tokens.labels(tenant, model, kind) for kind in TOKEN_KINDS)
+        return requests, self.duration.labels(transport, model), turns, tokens
 
     # -- WebSocket connections (gateway/api/ws.py counts with +=/-=) -------------------------------
     @property
@@ -348,11 +377,16 @@ class Metrics(Observer):
 
     # -- the engine's Observer ---------------------------------------------------------------------
     def upstream_attempt(self, route: Route, outcome: str, seconds: float) -> None:
-        self.upstream.labels(
-            self.provider(route.provider),
-            self._deployments(deployment_of(route)),
-            _closed(outcome, OUTCOMES),
-        ).observe(seconds)
+        deployment = deployment_of(route)
+        key = (route.provider, deployment, outcome)
+        child = self._attempt_cache.get(key)
+        if child is None:
+            child = self.upstream.labels(
+                self.provider(route.provider), self._deployments(deployment), _closed(outcome, OUTCOMES)
+            )
+            if len(self._attempt_cache) < _CACHE_MAX:
+                self._attempt_cache[key] = child
+        child.observe(seconds)
 
     def upstream_retry(self, route: Route) -> None:
         self.retries.labels(self.provider(route.provider)).inc()
@@ -361,13 +395,25 @@ class Metrics(Observer):
         self.fallbacks.labels(self.model(primary.model), self.model(fallback.model)).inc()
 
     def first_token(self, primary: Route, route: Route, seconds: float) -> None:
-        self.ttft.labels(self.model(primary.model), self.provider(route.provider)).observe(seconds)
+        key = (primary.model, route.provider)
+        child = self._ttft_cache.get(key)
+        if child is None:
+            child = self.ttft.labels(self.model(primary.model), self.provider(route.provider))
+            if len(self._ttft_cache) < _CACHE_MAX:
+                self._ttft_cache[key] = child
+        child.observe(seconds)
 
     def store_op(self, op: str, seconds: float, failed: bool) -> None:
-        op = _closed(op, STORE_OPS)
-        self.store_duration.labels(op).observe(seconds)
+        pair = self._store_cache.get(op)
+        if pair is None:
+            label = _closed(op, STORE_OPS)
+            pair = self._store_cache[label] = (
+                self.store_duration.labels(label),
+                self.store_errors.labels(label),
+            )
+        pair[0].observe(seconds)
         if failed:
-            self.store_errors.labels(op).inc()
+            pair[1].inc()
 
     def rate_limited(self, tenant: str, limit: str) -> None:
         self.refusals.labels(self.tenant(tenant), _closed(limit, LIMITS)).inc()
@@ -432,15 +478,16 @@ class Metrics(Observer):
             await asyncio.to_thread(_shutdown, listener)
 
 
-def _token_counts(usage: Mapping[str, Any]) -> list[tuple[str, int]]:
+def _token_counts(usage: Mapping[str, Any]) -> tuple[int, int, int, int]:
+    """Input, output, cached and reasoning tokens (``TOKEN_KINDS``' order)."""
     inp = usage.get("input_tokens_details") or {}
     out = usage.get("output_tokens_details") or {}
-    return [
-        ("input", _int(usage.get("input_tokens"))),
-        ("output", _int(usage.get("output_tokens"))),
-        ("cached", _int(inp.get("cached_tokens") if isinstance(inp, Mapping) else None)),
-        ("reasoning", _int(out.get("reasoning_tokens") if isinstance(out, Mapping) else None)),
-    ]
+    return (
+        _int(usage.get("input_tokens")),
+        _int(usage.get("output_tokens")),
+        _int(inp.get("cached_tokens") if isinstance(inp, Mapping) else None),
+        _int(out.get("reasoning_tokens") if isinstance(out, Mapping) else None),
+    )
 
 
 def _int(value: object) -> int:
