@@ -3,8 +3,11 @@ every exported span for text that must never be in one."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
@@ -57,3 +60,19 @@ def assert_never_said(spans: list[ReadableSpan], *texts: str) -> None:
 
 def by_trace(spans: list[ReadableSpan], trace_id: int) -> list[ReadableSpan]:
     return [s for s in spans if s.context is not None and s.context.trace_id == trace_id]
+
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "gateway-dashboard.json"
+_METRIC = re.compile(r"\b((?:gateway|process)_[a-z0-9_]+)\b")
+
+
+def dashboard_queries() -> list[str]:
+    """Every PromQL expression of the Grafana dashboard (panel targets and template variables)."""
+    dash = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", ())]
+    exprs += [v["query"]["query"] for v in dash["templating"]["list"] if isinstance(v.get("query"), dict)]
+    return exprs
+
+
+def metric_names(expr: str) -> set[str]:
+    return set(_METRIC.findall(expr))

@@ -18,6 +18,7 @@ from websockets.sync.client import connect
 from gateway.metrics import serve_port, stop_serving
 from tests.api.helpers import cli_env, serve_cli, wait_until_up
 from tests.harness import free_port
+from tests.observability.helpers import dashboard_queries, metric_names
 
 
 def scrape(url: str) -> dict[str, Any]:
@@ -70,6 +71,9 @@ def test_two_processes_render_as_one(tmp_path: Path) -> None:
         }
         assert pids == {str(p.pid) for p in procs}
         assert total(fams, "process_resident_memory_bytes", "process_resident_memory_bytes") > 0
+        names = {s.name for family in fams.values() for s in family.samples}
+        worker = {n for q in dashboard_queries() for n in metric_names(q) if n.startswith("gateway_worker_")}
+        assert worker and worker <= names  # the dashboard's per-worker panels
 
         # the supervisor's listener renders the same directory
         port = free_port()
