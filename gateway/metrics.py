@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
@@ -35,7 +35,9 @@ from prometheus_client import (
     process_collector,
     start_http_server,
 )
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
 from gateway.engine.routing import Route
 from gateway.engine.telemetry import Observer, deployment_of
@@ -522,13 +524,13 @@ def render_multiprocess(path: str | None = None) -> bytes:
     return generate_latest(multiprocess_registry(path))
 
 
-class _FreshMultiprocess:
+class _FreshMultiprocess(Collector):
     """A collector that builds the multiprocess view afresh on every scrape."""
 
     def __init__(self, path: str | None) -> None:
         self.path = path
 
-    def collect(self) -> Any:
+    def collect(self) -> Iterable[Metric]:
         return multiprocess_registry(self.path).collect()
 
 
@@ -543,7 +545,7 @@ def serve_port(host: str, port: int, path: str | None = None) -> WSGIServer:
     worker, rendering the multiprocess directory ``path`` (default: $PROMETHEUS_MULTIPROC_DIR) on
     each scrape. Returns the server; ``stop_serving(server)`` closes it."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_FreshMultiprocess(path))  # type: ignore[arg-type]
+    registry.register(_FreshMultiprocess(path))
     return serve_registry(host, port, registry)
 
 
