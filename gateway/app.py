@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match, Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from compact.opener import Opener
 from compact.seal import Sealer
@@ -52,6 +52,7 @@ def build_gateway(
 
 
 HOT_PATHS = frozenset({"/v1/responses", "/v1/codex/responses"})
+UNTRACED = frozenset({"/healthz", "/readyz", "/metrics"})  # probes and scrapes: no span each
 
 
 class GatewayApp(FastAPI):
@@ -73,7 +74,37 @@ class GatewayApp(FastAPI):
                         scope, receive, send
                     )
             return
+        tracer: Tracer = getattr(self.state, "tracer", NOOP_TRACER)
+        if tracer.enabled and scope["type"] == "http" and scope["path"] not in UNTRACED:
+            await traced_route(self, tracer, scope, receive, send)
+            return
         await super().__call__(scope, receive, send)
+
+
+async def traced_route(app: FastAPI, tracer: Tracer, scope: Scope, receive: Receive, send: Send) -> None:
+    """A route other than the hot path (compaction has its own span) with tracing on: one server
+    span named by its route template (``GET /v1/responses/{response_id}``), never the raw path."""
+    name = next(
+        (r.path for r in app.router.routes if isinstance(r, Route) and r.matches(scope)[0] is Match.FULL),
+        None,
+    )
+    if name == "/v1/responses/compact":
+        await FastAPI.__call__(app, scope, receive, send)
+        return
+    method = scope["method"]
+    attrs = {"http.request.method": method, "http.route": name}
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", ())}
+    with tracer.server(f"{method} {name or 'unmatched'}", headers, attrs) as span:
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                span.set("http.response.status_code", status)
+                if status >= 500:
+                    span.fail(str(status))
+            await send(message)
+
+        await FastAPI.__call__(app, scope, receive, sending)
 
 
 def method_not_allowed(method: str, allowed: Iterable[str]) -> Response:

@@ -162,6 +162,7 @@ def turn_attributes(result: TurnResult) -> dict[str, Attr | None]:
         "gen_ai.response.id": resource.get("id"),
         "gen_ai.response.model": resource.get("model"),
         "gateway.provider": result.provider,
+        "gen_ai.provider.name": _system_of(result),
         "gateway.response.status": result.status,
     }
     usage: Mapping[str, Any] | None = result.usage
@@ -174,6 +175,21 @@ def turn_attributes(result: TurnResult) -> dict[str, Attr | None]:
     if result.error is not None:
         attrs["error.type"] = result.error.code or type(result.error).__name__
     return attrs
+
+
+def route_system(route: Route) -> str:
+    """``gen_ai.provider.name`` of a route's adapter (its provider's kind)."""
+    settings = getattr(route.adapter, "settings", None)
+    return provider_system(str(getattr(settings, "kind", route.provider)))
+
+
+def _system_of(result: TurnResult) -> str | None:
+    """The answering provider's ``gen_ai.provider.name``: the primary route's or a fallback's."""
+    primary = result.route
+    for route in (primary, *primary.fallbacks):
+        if route.provider == result.provider:
+            return route_system(route)
+    return None
 
 
 def _finish_reasons(resource: Mapping[str, Any], status: str) -> list[str]:

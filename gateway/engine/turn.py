@@ -42,7 +42,7 @@ from gateway.engine.telemetry import (
     Span,
     Tracer,
     deployment_of,
-    provider_system,
+    route_system,
     upstream_outcome,
 )
 from gateway.kernel.errors import GatewayError, ServerError, UpstreamError
@@ -361,12 +361,11 @@ class Turn:
         tracer = self.tracer
         if not tracer.enabled:
             return NOOP_SPAN
-        settings = getattr(route.adapter, "settings", None)
         return tracer.child(
             f"chat {route.upstream_model}",
             {
                 "gen_ai.operation.name": "chat",
-                "gen_ai.provider.name": provider_system(str(getattr(settings, "kind", route.provider))),
+                "gen_ai.provider.name": route_system(route),
                 "gen_ai.request.model": route.upstream_model,
                 "gateway.model": route.model,
                 "gateway.provider": route.provider,

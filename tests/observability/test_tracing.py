@@ -114,6 +114,7 @@ async def test_an_http_request_is_one_span_under_the_clients_trace(
     assert a["gen_ai.usage.output_tokens"] == body["usage"]["output_tokens"]
     assert list(a["gen_ai.response.finish_reasons"]) == ["stop"]
     assert a["gateway.tenant"] == "a" and a["gateway.api_key.name"] == "ci-key"
+    assert a["gen_ai.provider.name"] == "openai" and a["gateway.provider"] == "up"
     assert a["gateway.status"] == "completed"
     assert server.status.status_code is not StatusCode.ERROR
 
@@ -224,6 +225,29 @@ async def test_a_compaction_is_one_span_with_its_summarizing_call(
     assert attrs(span)["gen_ai.response.id"] == r.json()["id"]
     attempt = one(spans, "chat fake-llm")
     assert attempt.parent.span_id == span.context.span_id
+    assert_never_said(spans, PROMPT, ANSWER)
+
+
+async def test_other_routes_are_spans_named_by_their_route(
+    traced: tuple[ServedApp, InMemorySpanExporter], exporter: InMemorySpanExporter, fake: FakeOpenAIChat
+) -> None:
+    fake.add(Reply.text(ANSWER))
+    created = (await post(traced[0], {"model": "m", "input": PROMPT})).json()
+    async with httpx.AsyncClient(base_url=traced[0].base_url, timeout=30) as c:
+        got = await c.get(f"/v1/responses/{created['id']}", headers={**A, **TRACEPARENT})
+        assert got.status_code == 200 and ANSWER in got.text
+        assert (await c.get("/v1/responses/resp_nope", headers=A)).status_code == 404
+        assert (await c.get("/healthz")).status_code == 200
+    name = "GET /v1/responses/{response_id}"
+    spans = await finished(exporter, name, 2)
+    read, missing = sorted((s for s in spans if s.name == name), key=lambda s: s.start_time or 0)
+    assert read.kind is SpanKind.SERVER and read.context.trace_id == int(CLIENT_TRACE_ID, 16)
+    assert attrs(read)["http.response.status_code"] == 200 and attrs(read)["http.route"] == name[4:]
+    assert attrs(missing)["http.response.status_code"] == 404
+    store = [s for s in spans if s.name == "state get" and s.parent.span_id == read.context.span_id]
+    assert len(store) == 1
+    assert not any("healthz" in s.name for s in spans)  # probes get no span
+    assert not any(created["id"] in s.name for s in spans)  # ids never name a span
     assert_never_said(spans, PROMPT, ANSWER)
 
 
