@@ -60,6 +60,9 @@ class UpstreamRequest:
     # The request's id (the client's X-Request-Id, else the gateway's): forwarded upstream as
     # X-Request-Id so the provider's logs can be matched with ours.
     request_id: str | None = None
+    # The W3C trace context (traceparent, tracestate) of the upstream attempt's span, sent with the
+    # call when tracing is on; None otherwise.
+    trace_headers: dict[str, str] | None = None
     # When the whole request must be over (time.monotonic()), retries and fallbacks included: an
     # adapter bounds its call by what is left of it as well as by its own total timeout.
     deadline: float | None = None

@@ -3,7 +3,8 @@ per generation, and the loop that JSON-decodes each server-sent event into the p
 stream translator (an unstreamed JSON reply goes to it whole). A provider states only what
 differs: its URL, auth headers, body and translator.
 
-Every call sends the request's id as ``X-Request-Id`` and ends with one ``upstream_call`` log line
+Every call sends the request's id as ``X-Request-Id`` (and, with tracing on, the attempt's span as
+``traceparent``) and ends with one ``upstream_call`` log line
 (``adapters.transport.UpstreamCall``) naming the provider's own id for it.
 """
 
@@ -101,6 +102,8 @@ class HTTPStreamAdapter(Generic[T]):
         headers = self._headers if streamed else self._json_headers
         if (request_id := safe_id(request.request_id)) is not None:
             headers = {**headers, "x-request-id": request_id}
+        if request.trace_headers:
+            headers = {**headers, **request.trace_headers}
         call = UpstreamCall(self.settings.kind, request.request_id)
         try:
             async with open_stream(

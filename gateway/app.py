@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
+from urllib.parse import urlsplit
 
 import structlog
 from fastapi import FastAPI
@@ -12,12 +13,13 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match, Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from compact.inline import compact_inline
 from compact.opener import Opener
 from compact.seal import Sealer
 from compact.truncation import fit_context
+from gateway import tracing
 from gateway.api import admin, compact, http, ops, stored, usage
 from gateway.api.common import error_response
 from gateway.api.live import LiveGateway
@@ -27,6 +29,7 @@ from gateway.api.ws import WebSocketHub, responses_socket
 from gateway.engine.context import CompactionOpener
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.routing import Router
+from gateway.engine.telemetry import NOOP_OBSERVER, NOOP_TRACER, Observer, Tracer
 from gateway.kernel.errors import GatewayError, InvalidRequest, NotFound, ServerError
 from gateway.kernel.settings import Settings, load_settings
 from gateway.metrics import Metrics
@@ -35,16 +38,23 @@ from state.factory import create_ledger, create_limiter, create_store
 log = structlog.get_logger("gateway.app")
 
 
-def build_gateway(settings: Settings, running: Gateway | None = None) -> Gateway:
+def build_gateway(
+    settings: Settings,
+    running: Gateway | None = None,
+    observer: Observer = NOOP_OBSERVER,
+    tracer: Tracer = NOOP_TRACER,
+) -> Gateway:
     """The gateway of ``settings``. On a reload (``running``: the gateway in service) the store, the
-    usage ledger and the limiter are the running ones (``state`` changes only at a restart: a new
-    in-process store would start empty), and so is the compaction key ring while ``compaction.keys``
-    is unchanged (an empty list means a random per-process key)."""
+    usage ledger, the limiter, the metrics and the tracer are the running ones (``state``,
+    ``metrics`` and ``tracing`` change only at a restart: a new in-process store would start empty),
+    and so is the compaction key ring while ``compaction.keys`` is unchanged (an empty list means a
+    random per-process key)."""
     if running is None:
         store = create_store(settings.state)
         ledger, limiter = create_ledger(settings.state, store), create_limiter(settings.state)
     else:
-        store, ledger, limiter = running.store, running.meter.ledger, running.limits.limiter
+        store, ledger, limiter = running.raw_store, running.meter.ledger, running.limits.limiter
+        observer, tracer = running.observer, running.tracer
     opener: CompactionOpener | None = None
     if running is not None and settings.compaction.keys == running.settings.compaction.keys:
         opener = running.open_compaction
@@ -59,6 +69,8 @@ def build_gateway(settings: Settings, running: Gateway | None = None) -> Gateway
         fit_context=fit_context,
         compact_context=compact_inline,
         limiter=limiter,
+        observer=observer,
+        tracer=tracer,
     )
 
 
@@ -69,6 +81,7 @@ async def retire_gateway(gw: Gateway) -> None:
 
 
 HOT_PATHS = frozenset({"/v1/responses", "/v1/codex/responses"})
+UNTRACED = frozenset({"/healthz", "/readyz", "/metrics"})  # probes and scrapes: no span each
 
 
 class GatewayApp(FastAPI):
@@ -103,7 +116,37 @@ class GatewayApp(FastAPI):
                         scope, receive, send
                     )
             return
+        tracer: Tracer = getattr(self.state, "tracer", NOOP_TRACER)
+        if tracer.enabled and scope["type"] == "http" and scope["path"] not in UNTRACED:
+            await traced_route(self, tracer, scope, receive, send)
+            return
         await super().__call__(scope, receive, send)
+
+
+async def traced_route(app: FastAPI, tracer: Tracer, scope: Scope, receive: Receive, send: Send) -> None:
+    """A route other than the hot path (compaction has its own span) with tracing on: one server
+    span named by its route template (``GET /v1/responses/{response_id}``), never the raw path."""
+    name = next(
+        (r.path for r in app.router.routes if isinstance(r, Route) and r.matches(scope)[0] is Match.FULL),
+        None,
+    )
+    if name == "/v1/responses/compact":
+        await FastAPI.__call__(app, scope, receive, send)
+        return
+    method = scope["method"]
+    attrs = {"http.request.method": method, "http.route": name}
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", ())}
+    with tracer.server(f"{method} {name or 'unmatched'}", headers, attrs) as span:
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                span.set("http.response.status_code", status)
+                if status >= 500:
+                    span.fail(str(status))
+            await send(message)
+
+        await FastAPI.__call__(app, scope, receive, sending)
 
 
 def method_not_allowed(method: str, allowed: Iterable[str]) -> Response:
@@ -122,6 +165,12 @@ def allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
     return sorted(methods)
 
 
+def _listener_host(app: FastAPI) -> str | None:
+    """The public listener's host, from the URL the CLI records (None: not started by the CLI)."""
+    url = getattr(app.state, "url", None)
+    return urlsplit(url).hostname if url else None
+
+
 def create_app(
     settings: Settings | None = None, reload_from: Callable[[], Settings] | None = None
 ) -> FastAPI:
@@ -131,16 +180,18 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        gateway = build_gateway(settings)
+        metrics: Metrics = app.state.metrics
+        gateway = build_gateway(settings, observer=metrics, tracer=app.state.tracer)
         app.state.gateway = gateway
         app.state.live = LiveGateway(gateway, retire_gateway)
-        app.state.metrics.limiter_errors = lambda: gateway.limits.errors
+        await metrics.start(_listener_host(app))
         log.info(
             "gateway_started",
             url=getattr(app.state, "url", None),  # set by the CLI, which knows where it listens
             auth=gateway.auth.enabled,
             models=gateway.router.model_names(),
             store="redis" if settings.state.redis_url else "memory",
+            tracing=gateway.tracer.enabled,
         )
         try:
             yield
@@ -149,13 +200,16 @@ def create_app(
             await app.state.stall_watch.aclose()
             await app.state.live.aclose()  # the gateways a reload replaced
             await app.state.live.current.aclose()
+            await metrics.stop()
+            await tracing.aclose(gateway.tracer)
 
     app = GatewayApp(
         title="Open Responses gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.settings = settings
     app.state.reloader = Reloader(app.state, reload_from, build_gateway)
-    app.state.metrics = Metrics()
+    app.state.metrics = Metrics(settings)
+    app.state.tracer = tracing.from_settings(settings)  # a test may put its own before the start
     app.state.ws_hub = WebSocketHub()
     app.state.stall_watch = StallWatch(settings.limits.client_send_seconds)
     for path in ("/v1/responses", "/v1/codex/responses"):

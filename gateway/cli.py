@@ -271,7 +271,11 @@ def supervise(argv: list[str], args: argparse.Namespace, settings: Settings, wor
     # a worker's drain is bounded by ws_drain_seconds, then its cut and uvicorn's grace: beyond
     # this, it is stuck, and killed
     stop_seconds = settings.limits.ws_drain_seconds + 4 * GatewayServer.CUT_SECONDS + 10
-    return Supervisor(lambda fd: [*command, "--worker-fd", str(fd)], sock, workers, stop_seconds).run()
+    cfg = settings.metrics  # a separate metrics listener is the supervisor's: one port for all workers
+    listener = (cfg.host or args.host, cfg.port) if cfg.port is not None else None
+    return Supervisor(
+        lambda fd: [*command, "--worker-fd", str(fd)], sock, workers, stop_seconds, metrics_listener=listener
+    ).run()
 
 
 if __name__ == "__main__":

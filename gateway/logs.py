@@ -4,6 +4,8 @@ names, counts and timings — never message content, upstream URLs, keys or upst
 The gateway's own lines come from structlog; the standard-``logging`` ones (the state stores,
 uvicorn, asyncio, ``warnings``) reach the root handler, whose ``ProcessorFormatter`` renders them
 with the same renderer and a ``logger`` field. Uncaught exceptions are logged as well, not printed.
+With tracing on (``gateway/tracing.py``), every line written inside a span carries its ``trace_id``
+and ``span_id``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import threading
 from types import TracebackType
 
 import structlog
-from structlog.typing import Processor
+from structlog.typing import EventDict, Processor
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 # uvicorn.Config applies uvicorn's LOGGING_CONFIG (plain-text handlers on these, not propagating)
@@ -22,6 +24,26 @@ _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARN
 _UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access")
 
 log = structlog.get_logger("gateway")
+_trace_ids = False  # set once an app turns tracing on: until then the processor costs a global read
+
+
+def enable_trace_ids() -> None:
+    """Log lines carry the current span's ids from now on (called when tracing is configured)."""
+    global _trace_ids
+    _trace_ids = True
+
+
+def add_trace_ids(logger: object, method: str, event: EventDict) -> EventDict:
+    """The structlog processor: ``trace_id``/``span_id`` (hex, as OTLP and W3C write them) of the
+    current span, when tracing is on and there is one."""
+    if _trace_ids:
+        from opentelemetry import trace
+
+        ctx = trace.get_current_span().get_span_context()
+        if ctx.is_valid:
+            event["trace_id"] = format(ctx.trace_id, "032x")
+            event["span_id"] = format(ctx.span_id, "016x")
+    return event
 
 
 def configure_logging(level: str = "info", json_logs: bool = True) -> None:
@@ -31,6 +53,7 @@ def configure_logging(level: str = "info", json_logs: bool = True) -> None:
     stamped: list[Processor] = [
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
+        add_trace_ids,
     ]
     structlog.configure(
         processors=[

@@ -30,6 +30,8 @@ from types import FrameType
 
 import structlog
 
+from gateway import metrics
+
 log = structlog.get_logger("gateway.supervisor")
 
 BACKLOG = 2048  # uvicorn's default
@@ -77,7 +79,12 @@ class Supervisor:
     ``stop_seconds``: how long the workers may take to drain before they are killed."""
 
     def __init__(
-        self, command: Callable[[int], list[str]], sock: socket.socket, workers: int, stop_seconds: float
+        self,
+        command: Callable[[int], list[str]],
+        sock: socket.socket,
+        workers: int,
+        stop_seconds: float,
+        metrics_listener: tuple[str, int] | None = None,
     ) -> None:
         self.command = command
         self.sock: socket.socket | None = sock
@@ -90,8 +97,9 @@ class Supervisor:
         self.failed = False
         self.metrics_dir = tempfile.mkdtemp(prefix="gateway-metrics-")
         self.env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": self.metrics_dir}
-        # A separate metrics listener (a ``metrics.port`` setting) belongs here, in the parent: it
-        # would serve prometheus_client.multiprocess.MultiProcessCollector over ``metrics_dir``.
+        # ``metrics.port``: served here, in the parent, over every worker's files (a worker with
+        # PROMETHEUS_MULTIPROC_DIR set never opens it)
+        self.metrics_listener = metrics_listener
 
     # -- signals -------------------------------------------------------------------------------
     def _on_stop(self, sig: int, frame: FrameType | None) -> None:
@@ -110,9 +118,14 @@ class Supervisor:
                 (signal.SIGHUP, self._on_hup),
             )
         }
+        listener = None
+        if self.metrics_listener is not None:
+            listener = metrics.serve_port(*self.metrics_listener, path=self.metrics_dir)
         try:
             self._loop()
         finally:
+            if listener is not None:
+                metrics.stop_serving(listener)
             for slot in self.slots:  # only on an error in the loop itself
                 if slot.proc is not None and slot.proc.poll() is None:
                     slot.proc.kill()

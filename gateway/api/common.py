@@ -14,6 +14,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gateway.api.encode import json_bytes
+from gateway.engine.telemetry import NOOP_SPAN, Span, turn_attributes
 from gateway.engine.validate import parse_json
 from gateway.kernel.errors import GatewayError, InvalidRequest, PayloadTooLarge
 from gateway.kernel.ids import new_id, safe_id
@@ -78,11 +79,12 @@ _MAX_LOGGED_MODEL = 200  # characters of a (possibly bogus) model name in a log 
 class RequestLog:
     """Collects the fields of the one access-log line a request produces."""
 
-    __slots__ = ("fields", "routed", "start")
+    __slots__ = ("fields", "routed", "span", "start")
 
     def __init__(self, request: Request, transport: str) -> None:
         self.start = time.perf_counter()
         self.routed = False  # the model resolved to a route: it may label metrics
+        self.span: Span = NOOP_SPAN  # the request's span (tracing), told how it ended
         self.fields: dict[str, Any] = {
             "request_id": safe_id(request.headers.get("x-request-id")) or new_id("req"),
             "transport": transport,
@@ -102,11 +104,42 @@ class RequestLog:
     def done(
         self, metrics: Metrics, status: int | str, usage: Mapping[str, Any] | None = None, **extra: Any
     ) -> None:
-        """End the request: its log line (token counts from ``usage``) and its metrics sample."""
+        """End the request: its log line (token counts from ``usage``), its metrics sample and
+        its span's attributes."""
         extra["input_tokens"] = usage.get("input_tokens") if usage else None
         extra["output_tokens"] = usage.get("output_tokens") if usage else None
         self.emit(status, **extra)
-        metrics.observe(self.fields["transport"], self.metric_model(), str(status), self.elapsed(), usage)
+        fields = self.fields
+        metrics.observe(
+            fields["transport"],
+            self.metric_model(),
+            status,
+            self.elapsed(),
+            usage,
+            tenant=fields.get("tenant"),
+            provider=fields.get("provider"),
+            error_code=fields.get("error_code"),
+        )
+        if self.span.recording:
+            self._trace(status)
+
+    def _trace(self, status: int | str) -> None:
+        fields = self.fields
+        span = self.span
+        span.update(
+            {
+                "gen_ai.request.model": fields.get("model") if self.routed else None,
+                "gateway.tenant": fields.get("tenant"),
+                "gateway.request_id": fields.get("request_id"),
+                "gateway.status": str(status),
+            }
+        )
+        if isinstance(status, int):
+            span.set("http.response.status_code", status)
+        code = fields.get("error_code")
+        span.set("error.type", code)
+        if status == "failed" or (isinstance(status, int) and status >= 500):
+            span.fail(code)  # a refusal (4xx) is the client's error, not the server span's
 
     def turn_ended(self, metrics: Metrics, result: TurnResult) -> None:
         """The end-of-turn hook's part: a turn that failed while opening logs its HTTP status, as a
@@ -114,6 +147,8 @@ class RequestLog:
         err = result.error
         status: int | str = err.status if err is not None and not result.started else result.status
         code = err.code if err is not None else None
+        if self.span.recording:
+            self.span.update(turn_attributes(result))
         self.done(
             metrics,
             status,
@@ -141,6 +176,7 @@ async def read_request(
     input-size limit); the tenant and the model go on the log line as soon as they are known."""
     principal = gw.auth.authenticate(request.headers.get("authorization"))
     rlog.fields["tenant"] = principal.tenant
+    rlog.span.set("gateway.api_key.name", principal.key_name)
     limits = gw.settings.limits
     raw = await read_body(request, limits.max_body_bytes)
     body = validate(parse_json(raw), limits)

@@ -11,13 +11,27 @@ from gateway.api.encode import json_bytes
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.validate import compact_request
 from gateway.kernel.errors import GatewayError
+from gateway.metrics import Metrics
+
+_SPAN_ATTRS = {
+    "gen_ai.operation.name": "compact",
+    "http.request.method": "POST",
+    "gateway.transport": "compact",
+}
 
 
 async def compact_response(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
     rlog = RequestLog(request, "compact")
+    # the compaction's span; its summarizing call's upstream attempts are its children
+    with gw.tracer.server("POST /v1/responses/compact", request.headers, _SPAN_ATTRS) as span:
+        rlog.span = span
+        return await _compact(request, gw, rlog)
+
+
+async def _compact(request: Request, gw: Gateway, rlog: RequestLog) -> Response:
     headers = {"x-request-id": rlog.request_id}
-    metrics = request.app.state.metrics
+    metrics: Metrics = request.app.state.metrics
     try:
         principal, body = await read_request(request, gw, compact_request, rlog)
         result = await Compactor(gw).compact(body, principal, request_id=rlog.request_id)
@@ -25,5 +39,7 @@ async def compact_response(request: Request) -> Response:
         rlog.done(metrics, err.status, error_code=err.code)
         return error_response(err, headers)
     rlog.routed = True
+    metrics.compaction("compact")
+    rlog.span.update({"gen_ai.response.id": result.get("id"), "gen_ai.response.model": body.model})
     rlog.done(metrics, "completed", result["usage"])
     return Response(json_bytes(result), media_type="application/json", headers=headers)

@@ -29,13 +29,23 @@ _SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 _JSON_HEADERS = [(b"content-type", b"application/json")]
+_SPAN_ATTRS = {"gen_ai.operation.name": "chat", "http.request.method": "POST", "gateway.transport": "http"}
 
 
 async def create_response(scope: Scope, receive: Receive, send: Send) -> None:
     request = Request(scope, receive)
     gw: Gateway = request.app.state.gateway
-    metrics = request.app.state.metrics
     rlog = RequestLog(request, "http")
+    # the request's span (a no-op unless tracing is on), the child of the client's traceparent
+    with gw.tracer.server(f"POST {scope['path']}", request.headers, _SPAN_ATTRS) as span:
+        rlog.span = span
+        await _respond(request, gw, rlog, scope, receive, send)
+
+
+async def _respond(
+    request: Request, gw: Gateway, rlog: RequestLog, scope: Scope, receive: Receive, send: Send
+) -> None:
+    metrics = request.app.state.metrics
     headers = {"x-request-id": rlog.request_id}
     try:
         principal, body = await read_request(request, gw, create_request, rlog)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import Response
 
 from gateway.api.common import error_response, json_response
+from gateway.engine.auth import Admin
 from gateway.engine.orchestrator import Gateway
-from gateway.kernel.errors import GatewayError
+from gateway.kernel.errors import GatewayError, NotFound, PermissionDenied
+from gateway.metrics import CONTENT_TYPE, Metrics
 
 
 async def healthz(request: Request) -> Response:
@@ -29,7 +32,20 @@ async def readyz(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    return PlainTextResponse(request.app.state.metrics.render(), media_type="text/plain; version=0.0.4")
+    """Prometheus text. Not here when ``metrics.port`` gives it a listener of its own (404); with
+    client keys configured, only for an admin key (``admin.api_keys``)."""
+    gw: Gateway = request.app.state.gateway
+    m: Metrics = request.app.state.metrics
+    try:
+        if gw.settings.metrics.port is not None:
+            raise NotFound(f"No route for {request.method} {request.url.path}.")
+        if gw.auth.enabled and not isinstance(gw.auth.identify(request.headers.get("authorization")), Admin):
+            raise PermissionDenied("Only an admin key (admin.api_keys) may read /metrics.")
+    except GatewayError as err:
+        return error_response(err)
+    # the multiprocess view reads every worker's files: off the event loop
+    body = await asyncio.to_thread(m.render) if m.multiprocess else m.render()
+    return Response(body, media_type=CONTENT_TYPE)
 
 
 async def list_models(request: Request) -> Response:

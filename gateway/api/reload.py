@@ -28,7 +28,7 @@ log = structlog.get_logger("gateway.api.reload")
 # Read once at start: the listening socket and worker processes (server), the loggers (log), the
 # stores and limiter (state: a new one would start empty), and the limits uvicorn's protocols and
 # the shutdown drain were built with.
-RESTART_SECTIONS = ("server", "log", "state")
+RESTART_SECTIONS = ("server", "log", "state", "metrics", "tracing")
 RESTART_LIMITS = (
     "max_header_bytes",
     "header_read_seconds",
@@ -162,9 +162,8 @@ class Reloader:
 
     def _swap(self, live: LiveGateway, gw: Gateway, settings: Settings) -> None:
         state = self.state
-        before = state.metrics.limiter_errors()  # the old gateway's count carries on in the total
         live.swap(gw)
         state.gateway = gw
         state.settings = settings
-        state.metrics.limiter_errors = lambda: before + gw.limits.errors
+        state.metrics.relabel(settings)  # new tenants, models and providers get their own labels
         state.stall_watch.limit = settings.limits.client_send_seconds

@@ -42,6 +42,7 @@ CLOSE_GOING_AWAY = 1001
 CLOSE_INTERNAL_ERROR = 1011
 # Real clients (the openai SDKs) send stream: true and stream_options on a WebSocket create too.
 _IGNORED_KEYS = ("type", "stream", "stream_options")
+_SPAN_ATTRS = {"gen_ai.operation.name": "chat", "gateway.transport": "websocket"}
 
 
 class WebSocketHub:
@@ -283,6 +284,12 @@ class Connection:
 
     async def _turn(self, job: Job, gw: Gateway) -> None:
         rlog = RequestLog(cast(Request, self.ws), "websocket")
+        # the turn's span (a no-op unless tracing is on), the child of the upgrade's traceparent
+        with gw.tracer.server("websocket response.create", self.ws.headers, _SPAN_ATTRS) as span:
+            rlog.span = span
+            await self._run_turn(job, rlog, gw)
+
+    async def _run_turn(self, job: Job, rlog: RequestLog, gw: Gateway) -> None:
         rlog.fields["request_id"] = new_id("req")
         rlog.fields["connection_id"] = self.id
         previous: str | None = None

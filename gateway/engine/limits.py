@@ -32,6 +32,7 @@ from typing import Any
 import structlog
 
 from gateway.engine.auth import Principal
+from gateway.engine.telemetry import NOOP_OBSERVER, Observer
 from gateway.kernel.errors import QuotaExceeded, RateLimited, ServiceUnavailable
 from gateway.kernel.ids import new_id
 from gateway.kernel.settings import Settings, TenantSettings
@@ -39,6 +40,13 @@ from state.limits import Check, Limiter, Outcome
 
 log = structlog.get_logger("gateway.engine.limits")
 
+# a check's counter (its name's last part: a key's or its tenant's) → the ``limit`` of its refusal
+_LIMIT_NAMES = {
+    "rpm": "requests_per_minute",
+    "tpm": "tokens_per_minute",
+    "conc": "concurrent_requests",
+    "ws": "websocket_connections",
+}
 _WHAT = {"rpm": "requests per minute", "tpm": "tokens per minute", "conc": "concurrent requests"}
 
 
@@ -75,9 +83,14 @@ class Reservation:
 
 class TenantLimiter:
     def __init__(
-        self, settings: Settings, limiter: Limiter, clock: Callable[[], float] | None = None
+        self,
+        settings: Settings,
+        limiter: Limiter,
+        clock: Callable[[], float] | None = None,
+        observer: Observer = NOOP_OBSERVER,
     ) -> None:
         self.settings = settings
+        self.observer = observer
         self.limiter = limiter
         self.on_error = settings.limits.on_limiter_error
         self.output_reservation = settings.limits.output_token_reservation
@@ -182,6 +195,7 @@ class TenantLimiter:
             if check.kind == "b":  # when the period ends (check.extra may be from earlier)
                 budget = self._tenant(principal.tenant).budget
                 check = replace(check, extra=self._period(budget.period if budget else "day")[1])
+            self.observer.rate_limited(principal.tenant, _limit_name(check))
             raise _refusal(check, labels[out.failed], out, tokens, headers)
         return Reservation(principal.tenant, checks, rid, tokens, out.second, headers)
 
@@ -244,6 +258,7 @@ class TenantLimiter:
     # -- outages ---------------------------------------------------------------------------------
     def _failed(self) -> None:
         self.errors += 1
+        self.observer.limiter_error()
         if not self.down:
             self.down = True
             log.warning("limiter_unavailable", on_limiter_error=self.on_error)
@@ -252,6 +267,12 @@ class TenantLimiter:
         if self.down:
             self.down = False
             log.info("limiter_available")
+
+
+def _limit_name(check: Check) -> str:
+    if check.kind == "b":
+        return "budget"
+    return _LIMIT_NAMES.get(check.name.rpartition(":")[2], "_other")
 
 
 def _headers(checks: list[Check], out: Outcome) -> dict[str, str]:

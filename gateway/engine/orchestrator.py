@@ -25,9 +25,11 @@ import orjson
 from gateway.engine.auth import Authenticator, Principal
 from gateway.engine.context import CompactionOpener, Context, build_context
 from gateway.engine.limits import Reservation, TenantLimiter
+from gateway.engine.observed_store import ObservedStore
 from gateway.engine.resource import Echoes, new_resource
 from gateway.engine.routing import Route, Router
 from gateway.engine.store_health import StoreHealth
+from gateway.engine.telemetry import NOOP_OBSERVER, NOOP_TRACER, Observer, Tracer
 from gateway.engine.turn import Turn, TurnResult, Warmup
 from gateway.engine.upstream import upstream_request
 from gateway.engine.usage import Meter
@@ -74,17 +76,22 @@ class Gateway:
         compact_context: ContextCompactor | None = None,
         ledger: UsageLedger | None = None,
         limiter: Limiter | None = None,
+        observer: Observer = NOOP_OBSERVER,
+        tracer: Tracer = NOOP_TRACER,
     ) -> None:
         self.settings = settings
         self.router = router
-        self.store = store
+        self.observer = observer  # metrics (gateway/engine/telemetry.py)
+        self.tracer = tracer
+        self.raw_store = store  # unobserved: what a reload's successor wraps again
+        self.store: ResponseStore = ObservedStore(store, observer, tracer)
         self.auth = Authenticator(settings)
         self.meter = Meter(ledger or MemoryLedger())
         self.open_compaction = open_compaction
         self.fit_context = fit_context
         self.compact_context = compact_context
         self.store_health = StoreHealth(store, settings.state.health_recheck_seconds)
-        self.limits = TenantLimiter(settings, limiter or MemoryLimiter())
+        self.limits = TenantLimiter(settings, limiter or MemoryLimiter(), observer=observer)
 
     def retains(self, tenant: str) -> bool:
         """Whether the tenant's conversations may be stored (``retention: standard``)."""
@@ -168,7 +175,10 @@ class Gateway:
             if compacted is not None:
                 ctx, compaction = compacted
         if self.fit_context is not None:
-            ctx = self.fit_context(ctx, route, body.truncation or "disabled", reserved=reserved)
+            fitted = self.fit_context(ctx, route, body.truncation or "disabled", reserved=reserved)
+            if fitted is not ctx:
+                self.observer.compaction("truncation")
+            ctx = fitted
         # the tenancy limits, last before the upstream call: a refusal costs nothing upstream
         checks, labels = self.limits.checks(principal)
         if warmup:  # it spends no tokens: only the request-rate and concurrency limits apply
@@ -239,6 +249,8 @@ class Gateway:
             error_event=error_event,
             request_id=request_id,
             affinity=key,
+            observer=self.observer,
+            tracer=self.tracer,
         )
         if store:
             stored = StoredResponse(

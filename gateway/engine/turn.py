@@ -36,7 +36,17 @@ from adapters.deltas import Delta, Finish, ToolCallArgsDelta, ToolCallStart, Usa
 from gateway.engine.balance import Attempt
 from gateway.engine.builder import ResponseBuilder
 from gateway.engine.context import Context
-from gateway.engine.routing import Route
+from gateway.engine.routing import Deployment, Route
+from gateway.engine.telemetry import (
+    NOOP_OBSERVER,
+    NOOP_SPAN,
+    NOOP_TRACER,
+    Observer,
+    Span,
+    Tracer,
+    route_system,
+    upstream_outcome,
+)
 from gateway.kernel.errors import GatewayError, ServerError, UpstreamError
 from gateway.kernel.settings import RetrySettings
 from gateway.kernel.tool_choice import parse_tool_choice
@@ -98,13 +108,16 @@ class Turn:
         "_hooks_done",
         "_label",
         "_stream",
+        "_timing",
         "affinity",
         "builder",
         "compaction",
         "max_events",
+        "observer",
         "rate_headers",
         "request",
         "result",
+        "tracer",
     )
 
     def __init__(
@@ -118,9 +131,13 @@ class Turn:
         error_event: bool = True,
         request_id: str | None = None,
         affinity: str | None = None,
+        observer: Observer = NOOP_OBSERVER,
+        tracer: Tracer = NOOP_TRACER,
     ) -> None:
         self.request = request
         self.affinity = affinity  # the key that keeps related turns on one deployment (balance.py)
+        self.observer = observer
+        self.tracer = tracer
         self.builder = ResponseBuilder(resource, error_event=error_event)
         self.max_events = max_events
         self.result = TurnResult(
@@ -136,6 +153,8 @@ class Turn:
         self._hooks_done = False
         # a compaction item sealed before sampling (inline compaction), announced first
         self.compaction: dict[str, Any] | None = None
+        # the try that answered: its deployment, start (perf_counter) and span, until the stream ends
+        self._timing: tuple[Deployment, float, Span] | None = None
         # the x-ratelimit-* headers of the admission (gateway/engine/limits.py), for the transport
         self.rate_headers: dict[str, str] = {}
 
@@ -218,10 +237,14 @@ class Turn:
         in this turn right away, one tried already after the provider's backoff. Adapters bound
         each call by what is left of the request's ``deadline`` (``UpstreamRequest.seconds_left``)."""
         primary = self.result.route
+        began = time.perf_counter()
         deadline = time.monotonic() + primary.total_seconds
         self.request.deadline = deadline  # the turn's own request: no other turn sees it
+        observer = self.observer
         last: UpstreamError | None = None
         for route in (primary, *primary.fallbacks):
+            if route is not primary:
+                observer.fallback(primary, route)
             balancer = route.chooser
             tried: set[int] = set()
             index = balancer.pick(self.affinity)
@@ -235,7 +258,11 @@ class Turn:
                 bound = structlog.contextvars.bind_contextvars(deployment=target.name)
                 if self._label is None:
                     self._label = bound["deployment"]
+                span = self._attempt_span(route, target, attempt, route is not primary)
+                if span.recording:  # the upstream call names its span (W3C traceparent)
+                    request = dataclasses.replace(request, trace_headers=span.trace_headers())
                 tried_on = balancer.start(index)
+                start = time.perf_counter()
                 stream = target.adapter.stream(request)
                 try:
                     self._first = await anext(stream)
@@ -245,6 +272,9 @@ class Turn:
                     await _close(stream)
                     tried_on.failed(exc)
                     tried_on.end()
+                    observer.upstream_attempt(target, upstream_outcome(exc), time.perf_counter() - start)
+                    span.fail(exc.code)
+                    span.end()
                     last = exc
                     log.warning(
                         "upstream_failed",
@@ -265,15 +295,22 @@ class Turn:
                         wait = _backoff(attempt, target.retry, exc.retry_after) if index in tried else 0.0
                         if time.monotonic() + wait >= deadline:
                             raise  # the retry could not finish in time: the client hears now
+                        observer.upstream_retry(target)
                         if wait:
                             await asyncio.sleep(wait)
                     continue
-                except BaseException:
+                except BaseException as exc:
                     await _close(stream)
                     tried_on.end()
+                    observer.upstream_attempt(target, upstream_outcome(exc), time.perf_counter() - start)
+                    span.fail(getattr(exc, "code", None) or type(exc).__name__)
+                    span.end()
                     raise
                 tried_on.opened()
                 self._stream, self._attempt = stream, tried_on
+                self._timing = (target, start, span)
+                if request.stream:
+                    observer.first_token(primary, target, time.perf_counter() - began)
                 if route is not primary:
                     log.info(
                         "fallback_used",
@@ -357,6 +394,25 @@ class Turn:
                 delta = Finish("stop")
         return self.builder.feed(delta)
 
+    def _attempt_span(self, route: Route, target: Deployment, attempt: int, fallback: bool) -> Span:
+        tracer = self.tracer
+        if not tracer.enabled:
+            return NOOP_SPAN
+        return tracer.child(
+            f"chat {target.upstream_model}",
+            {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": route_system(target),
+                "gen_ai.request.model": target.upstream_model,
+                "gateway.model": route.model,
+                "gateway.provider": target.provider,
+                "gateway.deployment": target.name,
+                "gateway.attempt": attempt + 1,
+                "gateway.fallback": fallback,
+            },
+            client=True,
+        )
+
     async def _close(self) -> None:
         if self._stream is not None:
             stream, self._stream = self._stream, None
@@ -367,6 +423,18 @@ class Turn:
             label, self._label = self._label, None
             with contextlib.suppress(ValueError):  # closed from another context: nothing to undo
                 structlog.contextvars.reset_contextvars(deployment=label)
+        if self._timing is not None:
+            (target, start, span), self._timing = self._timing, None
+            err = self.result.error
+            if isinstance(err, UpstreamError):
+                outcome = upstream_outcome(err)
+            else:
+                # still in progress here: cancelled (run's finally marks it so after closing)
+                outcome = "cancelled" if self.result.status in ("in_progress", "cancelled") else "ok"
+            self.observer.upstream_attempt(target, outcome, time.perf_counter() - start)
+            if outcome != "ok":
+                span.fail(err.code if err is not None else outcome)
+            span.end()
 
 
 class Warmup(Turn):

@@ -422,6 +422,33 @@ class LogSettings(_Strict):
     json_logs: bool = Field(default=True, alias="json")
 
 
+class MetricsSettings(_Strict):
+    """Where /metrics is served (README "Metrics")."""
+
+    # None: on the public listener (an admin key required when auth is on); a port: only on a
+    # listener of its own there, and the public /metrics answers 404
+    port: int | None = Field(default=None, ge=1, le=65535)
+    host: str | None = Field(default=None, min_length=1)  # None: the public listener's host
+    # pass-through models (provider/model) get a label each up to this many, then "_other"
+    max_pass_through_models: int = Field(default=100, ge=0, le=10_000)
+
+
+def _http_url(value: str | None) -> str | None:
+    return None if value is None else _check_url(value, ("http", "https"))
+
+
+class TracingSettings(_Strict):
+    """OpenTelemetry tracing (README "Tracing"); the standard OTEL_* variables apply as well."""
+
+    # None: on when the OTEL_* environment asks for it (an OTLP endpoint, OTEL_TRACES_EXPORTER)
+    enabled: bool | None = None
+    # the OTLP/HTTP endpoint (spans go to <endpoint>/v1/traces); None: OTEL_EXPORTER_OTLP_* or
+    # http://localhost:4318. Given, it turns tracing on (unless enabled: false).
+    endpoint: Annotated[str | None, AfterValidator(_http_url)] = None
+    service_name: str = Field(default="openresponses-gateway", min_length=1)  # OTEL_SERVICE_NAME wins
+    sample_ratio: float = Field(default=1.0, ge=0, le=1)  # parent-based; OTEL_TRACES_SAMPLER wins
+
+
 class _YamlSource(PydanticBaseSettingsSource):
     def __init__(self, settings_cls: type[BaseSettings], path: str | None) -> None:
         super().__init__(settings_cls)
@@ -455,6 +482,8 @@ class Settings(BaseSettings):
     compaction: CompactionSettings = CompactionSettings()
     log: LogSettings = LogSettings()
     server: ServerSettings = ServerSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    tracing: TracingSettings = TracingSettings()
     auto_providers: bool = True  # register openai/anthropic/gemini from OPENAI_API_KEY etc.
 
     def provider_table(self) -> dict[str, ProviderSettings]:

@@ -171,6 +171,7 @@ async def test_limiter_outage(mode: str) -> None:
     cfg = config("memory", "", a={"limits": {"requests_per_minute": 5}})
     cfg["state"] = {"redis_url": f"redis://127.0.0.1:{free_port()}/0", "timeout_seconds": 0.5}
     cfg["limits"] = {"on_limiter_error": mode}
+    cfg["admin"] = {"api_keys": [{"key": "sk-admin"}]}  # /metrics wants one when auth is on
     with serve_gateway(cfg) as s:
         rs = [await post(s, A, store=False) for _ in range(3)]
         assert [r.status_code for r in rs] == [200 if mode == "allow" else 503] * 3
@@ -178,8 +179,8 @@ async def test_limiter_outage(mode: str) -> None:
             assert rs[0].json()["error"]["code"] == "service_unavailable"
         assert (await post(s, B, store=False)).status_code == 200  # no limits: never asks
         async with httpx.AsyncClient(base_url=s.base_url) as c:
-            metrics = (await c.get("/metrics")).text
-        assert "gateway_limiter_errors_total 3" in metrics
+            metrics = (await c.get("/metrics", headers={"Authorization": "Bearer sk-admin"})).text
+        assert "gateway_limiter_errors_total 3.0" in metrics
 
 
 # -- two replicas, one Redis ---------------------------------------------------------------------

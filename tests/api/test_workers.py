@@ -255,3 +255,38 @@ async def test_a_worker_that_does_not_drain_is_killed_and_the_exit_code_says_so(
     assert exits[healthy]["level"] == "info"
     assert exits[stuck]["returncode"] == -signal.SIGKILL and exits[stuck]["level"] == "error"
     assert gw.events("supervisor_stopped")[0]["exit_code"] == 1
+
+
+async def test_the_metrics_port_is_the_supervisors_and_counts_every_worker(tmp_path: Path) -> None:
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.harness import free_port
+
+    metrics_port = free_port()
+    cfg = {**config(), "metrics": {"port": metrics_port}}
+    async with running(tmp_path, cfg, "--workers", "2", workers=2) as gw:
+
+        async def json_one(i: int) -> None:
+            r = await post_json(gw, "sk-a", text=f"json {i}")
+            assert r.status_code == 200, r.text
+
+        await gather_limited(40, 8, json_one)
+        await gw.wait_log(lambda logs: sum(e.get("event") == "request" for e in logs) >= 40)
+        assert len(request_pids(gw.logs())) == 2, "every request went to one worker"
+        async with httpx.AsyncClient(timeout=30) as client:
+            public = await client.get(f"{gw.url}/metrics")
+            assert public.status_code == 404  # the separate listener only
+            scrape = await client.get(f"http://127.0.0.1:{metrics_port}/metrics")
+        assert scrape.status_code == 200
+        total = 0.0
+        workers_seen = set()
+        for family in text_string_to_metric_families(scrape.text):
+            for sample in family.samples:
+                if sample.name == "gateway_requests_total" and sample.labels.get("transport") == "http":
+                    total += sample.value
+                if sample.name == "gateway_worker_resident_memory_bytes":
+                    workers_seen.add(sample.labels["pid"])
+        assert total == 40  # both workers' counts, added up by the supervisor's listener
+        assert workers_seen == {str(p) for p in worker_pids(gw)}
+    assert gw.proc.returncode == 0, gw.tail()

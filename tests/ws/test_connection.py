@@ -38,7 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def ws_requests(served: ServedApp) -> int:
-    return sum(n for (t, _, _), n in served.app.state.metrics.requests.items() if t == "websocket")
+    return int(served.app.state.metrics.total("gateway_requests_total", transport="websocket"))
 
 
 async def wait_for(predicate, seconds: float = 5.0) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,200 @@
+"""The engine's telemetry interface: what the turn, the store and the limiter report (``Observer``:
+metrics) and the spans they open (``Tracer``: tracing). Both are no-ops by default and cost about a
+method call; the app installs real ones (``gateway/metrics.py``, ``gateway/tracing.py``).
+
+Nothing here (and nothing a caller passes) may carry message content: spans get ids, names,
+counts, codes and timings only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from gateway.kernel.errors import (
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamRateLimited,
+    UpstreamRejected,
+    UpstreamTimeout,
+)
+
+if TYPE_CHECKING:
+    from gateway.engine.routing import Deployment, Route
+    from gateway.engine.turn import TurnResult
+
+Attr = str | bool | int | float | list[str]
+
+
+def provider_system(kind: str) -> str:
+    """``gen_ai.provider.name`` (OpenTelemetry's well-known values) of an adapter kind."""
+    return _SYSTEMS.get(kind, kind)
+
+
+_SYSTEMS = {
+    "openai_chat": "openai",
+    "openai_responses": "openai",
+    "openai-chat": "openai",
+    "openai-responses": "openai",
+    "anthropic": "anthropic",
+    "gemini": "gcp.gemini",
+}
+
+
+def upstream_outcome(exc: BaseException | None) -> str:
+    """A bounded outcome of one upstream attempt: ok, rate_limited, timeout, connect_error,
+    rejected, server_error, error or cancelled."""
+    if exc is None:
+        return "ok"
+    if isinstance(exc, UpstreamRateLimited):
+        return "rate_limited"
+    if isinstance(exc, UpstreamTimeout):
+        return "timeout"
+    if isinstance(exc, UpstreamConnectError):
+        return "connect_error"
+    if isinstance(exc, UpstreamRejected):
+        return "rejected"
+    if isinstance(exc, UpstreamError):
+        status = exc.upstream_status
+        return "server_error" if status is not None and status >= 500 else "error"
+    if not isinstance(exc, Exception):  # CancelledError, GeneratorExit: the client went away
+        return "cancelled"
+    return "error"
+
+
+class Observer:
+    """The engine's metrics sink (a no-op; ``gateway.metrics.Metrics`` is the real one)."""
+
+    def upstream_attempt(self, target: Deployment, outcome: str, seconds: float) -> None:
+        """One upstream attempt ended (``outcome``: see ``upstream_outcome``)."""
+
+    def upstream_retry(self, target: Deployment) -> None:
+        """A try on ``target`` failed retryably and the route tries again (the same deployment or
+        another)."""
+
+    def fallback(self, primary: Route, fallback: Route) -> None:
+        """The turn moved on to a fallback route."""
+
+    def first_token(self, primary: Route, target: Deployment, seconds: float) -> None:
+        """A streamed turn's first delta arrived ``seconds`` after the turn began opening
+        (``primary``: the model asked for; ``target``: the deployment that answered, maybe a
+        fallback's)."""
+
+    def store_op(self, op: str, seconds: float, failed: bool) -> None:
+        """One call to the response store."""
+
+    def rate_limited(self, tenant: str, limit: str) -> None:
+        """A tenancy limit refused a request (``limit``: requests_per_minute, tokens_per_minute,
+        concurrent_requests, budget, websocket_connections)."""
+
+    def limiter_error(self) -> None:
+        """A call to the tenancy limits' limiter failed."""
+
+    def compaction(self, kind: str) -> None:
+        """A context was compacted (``kind``: compact | truncation)."""
+
+
+class Span:
+    """A no-op span: what the engine may tell one. Entering makes it the current span (children
+    and log lines see it); leaving ends it."""
+
+    __slots__ = ()
+    recording = False
+
+    def set(self, key: str, value: Attr | None) -> None:
+        pass
+
+    def update(self, attributes: Mapping[str, Attr | None]) -> None:
+        pass
+
+    def fail(self, code: str | None) -> None:
+        """Mark the span an error (``error.type``: the gateway's error code, never a message)."""
+
+    def end(self) -> None:
+        pass
+
+    def trace_headers(self) -> dict[str, str] | None:
+        """The W3C ``traceparent``/``tracestate`` naming this span, for the upstream call."""
+        return None
+
+    def __enter__(self) -> Span:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        pass
+
+
+NOOP_SPAN = Span()
+
+
+class Tracer:
+    """A no-op tracer (``gateway.tracing.OtelTracer`` is the real one): every span is ``NOOP_SPAN``."""
+
+    enabled = False
+
+    def server(
+        self, name: str, carrier: Mapping[str, str] | None, attributes: Mapping[str, Attr | None]
+    ) -> Span:
+        """A request's (or a WebSocket turn's) span, the child of the client's ``traceparent`` in
+        ``carrier`` (its request headers) when it sent one."""
+        return NOOP_SPAN
+
+    def child(self, name: str, attributes: Mapping[str, Attr | None], *, client: bool = False) -> Span:
+        """A span under the current one (``client``: an outgoing call)."""
+        return NOOP_SPAN
+
+
+NOOP_OBSERVER = Observer()
+NOOP_TRACER = Tracer()
+
+
+def turn_attributes(result: TurnResult) -> dict[str, Attr | None]:
+    """The GenAI attributes of a finished turn (only computed for a recording span)."""
+    resource = result.resource
+    attrs: dict[str, Attr | None] = {
+        "gen_ai.response.id": resource.get("id"),
+        "gen_ai.response.model": resource.get("model"),
+        "gateway.provider": result.provider,
+        "gen_ai.provider.name": _system_of(result),
+        "gateway.response.status": result.status,
+    }
+    usage: Mapping[str, Any] | None = result.usage
+    if usage:
+        attrs["gen_ai.usage.input_tokens"] = usage.get("input_tokens")
+        attrs["gen_ai.usage.output_tokens"] = usage.get("output_tokens")
+    reasons = _finish_reasons(resource, result.status)
+    if reasons:
+        attrs["gen_ai.response.finish_reasons"] = reasons
+    if result.error is not None:
+        attrs["error.type"] = result.error.code or type(result.error).__name__
+    return attrs
+
+
+def route_system(target: Deployment | Route) -> str:
+    """``gen_ai.provider.name`` of a deployment's (or a route's first deployment's) adapter: its
+    provider's kind."""
+    settings = getattr(target.adapter, "settings", None)
+    return provider_system(str(getattr(settings, "kind", target.provider)))
+
+
+def _system_of(result: TurnResult) -> str | None:
+    """The answering provider's ``gen_ai.provider.name``: the primary route's or a fallback's."""
+    primary = result.route
+    for route in (primary, *primary.fallbacks):
+        for target in route.deployments:
+            if target.name == result.deployment:
+                return route_system(target)
+    return None
+
+
+def _finish_reasons(resource: Mapping[str, Any], status: str) -> list[str]:
+    if status == "incomplete":
+        details = resource.get("incomplete_details") or {}
+        return [str(details.get("reason") or "incomplete")]
+    if status == "completed":
+        calls = any(i.get("type") == "function_call" for i in resource.get("output", ()))
+        return ["tool_calls" if calls else "stop"]
+    return [status] if status in ("failed", "cancelled") else []
