@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match, Route
 from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocket
 
 from compact.opener import Opener
 from compact.seal import Sealer
@@ -52,6 +53,12 @@ class GatewayApp(FastAPI):
     ASGI handler, skipping the middleware stack's per-``send`` wrappers (each SSE event is a send)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket" and scope["path"] in HOT_PATHS:
+            # The Responses WebSocket too: its handler answers every error itself, and its events
+            # are written straight to uvicorn's protocol (gateway/api/frames.py) when it is reachable.
+            scope["app"] = self
+            await responses_socket(WebSocket(scope, receive, send))
+            return
         if scope["type"] == "http" and scope["path"] in HOT_PATHS:
             if scope["method"] != "POST":  # (a WebSocket upgrade is a "websocket" scope)
                 await method_not_allowed(scope["method"], ("POST",))(scope, receive, send)

@@ -1,0 +1,100 @@
+"""A WebSocket turn's events as text frames, in as few socket writes as possible.
+
+Under uvicorn's ``websockets-sansio`` protocol (the gateway's, ``gateway/cli.py``) each event is
+framed by the connection's own ``websockets`` protocol object and the frames that are ready together
+(everything produced before the turn next waits, e.g. for the upstream's next read) leave in one
+transport write, at the end of the event loop's current step: one system call per burst instead of
+one per event, and no ASGI/Starlette wrapper per event. Nothing is held back to wait for another
+event: the write happens as soon as the turn's task yields. Backpressure is kept: while uvicorn has
+paused writing (the client reads slowly), the next event waits for it to resume, as uvicorn's own
+``send`` would. Anything else (another server or WebSocket implementation) gets one ASGI send per
+event, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Protocol
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+from websockets.exceptions import InvalidState
+from websockets.protocol import Protocol as WsProtocol
+
+_GONE = 1006  # what Starlette reports when uvicorn says the client disconnected
+# A burst longer than this is written at once (and backpressure applies from there on): frames
+# never pile up in the process, however many events are ready at once.
+FLUSH_BYTES = 64 * 1024
+
+
+class _Stamped(Protocol):
+    since: float  # gateway/api/stall.py: when the send in progress began; 0.0: none
+
+
+class FrameWriter:
+    __slots__ = ("_conn", "_loop", "_owner", "_pending", "_proto", "_size", "_transport", "_ws")
+
+    def __init__(self, websocket: WebSocket, owner: _Stamped) -> None:
+        self._ws = websocket
+        self._owner = owner
+        self._pending = False  # a flush is scheduled
+        self._size = 0  # bytes framed and not yet written
+        proto: Any = getattr(websocket._send, "__self__", None)  # uvicorn's protocol, when unwrapped
+        conn = getattr(proto, "conn", None)
+        fast = (
+            isinstance(conn, WsProtocol)
+            and isinstance(getattr(proto, "writable", None), asyncio.Event)
+            and hasattr(proto, "transport")
+            and hasattr(proto, "disconnected")
+            and hasattr(proto, "close_sent")
+        )
+        self._proto: Any = proto if fast else None
+        self._conn: WsProtocol | None = conn if fast else None
+        self._transport: asyncio.WriteTransport | None = proto.transport if fast else None
+        self._loop = asyncio.get_running_loop()
+
+    @property
+    def direct(self) -> bool:
+        """Frames go straight to uvicorn's protocol (False: one ASGI send per event)."""
+        return self._conn is not None
+
+    async def send(self, data: bytes) -> None:
+        """One text frame (``data``: UTF-8 JSON), written with the others ready in this step."""
+        conn = self._conn
+        if conn is None:
+            owner = self._owner
+            owner.since = time.monotonic()
+            await self._ws.send({"type": "websocket.send", "text": data.decode()})
+            owner.since = 0.0
+            return
+        proto = self._proto
+        if not proto.writable.is_set():  # uvicorn paused writing: wait like its own send would
+            self.flush()
+            owner = self._owner
+            owner.since = time.monotonic()
+            await proto.writable.wait()
+            owner.since = 0.0
+        if proto.disconnected or proto.close_sent:
+            raise WebSocketDisconnect(_GONE)
+        try:
+            conn.send_text(data)
+        except InvalidState:
+            raise WebSocketDisconnect(_GONE) from None
+        self._size += len(data)
+        if self._size >= FLUSH_BYTES:
+            self.flush()
+        elif not self._pending:
+            self._pending = True
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Write what is framed and not yet written (before any other send, to keep the order)."""
+        self._pending = False
+        self._size = 0
+        conn = self._conn
+        if conn is None:
+            return
+        data = conn.data_to_send()
+        transport = self._transport
+        if data and transport is not None and not transport.is_closing():
+            transport.write(b"".join(data))
