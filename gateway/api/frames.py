@@ -1,4 +1,5 @@
-"""A WebSocket turn's events as text frames, in as few socket writes as possible.
+"""A stream's events in as few socket writes as possible: WebSocket text frames (``FrameWriter``)
+and SSE body chunks (``BodyWriter``).
 
 Under uvicorn's ``websockets-sansio`` protocol (the gateway's, ``gateway/cli.py``) each event is
 framed by the connection's own ``websockets`` protocol object and the frames that are ready together
@@ -9,6 +10,9 @@ event: the write happens as soon as the turn's task yields. Backpressure is kept
 paused writing (the client reads slowly), the next event waits for it to resume, as uvicorn's own
 ``send`` would. Anything else (another server or WebSocket implementation) gets one ASGI send per
 event, as before.
+
+SSE alike: under uvicorn's httptools protocol the frames of one burst leave as one HTTP chunk in one
+transport write (``BodyWriter``); the last body message still goes through the ASGI ``send``.
 """
 
 from __future__ import annotations
@@ -98,3 +102,76 @@ class FrameWriter:
         transport = self._transport
         if data and transport is not None and not transport.is_closing():
             transport.write(b"".join(data))
+
+
+class BodyWriter:
+    """An SSE response's event frames, after its ``http.response.start`` was sent: one chunk per
+    burst of ready frames, straight to uvicorn's httptools transport (chunked encoding, as uvicorn
+    writes it), else one ASGI send per frame. ``end(body)`` writes what is pending, then sends the
+    last body message through ``send``."""
+
+    __slots__ = ("_buf", "_cycle", "_loop", "_owner", "_pending", "_send", "_size")
+
+    def __init__(self, send: Any, owner: _Stamped) -> None:
+        self._send = send
+        self._owner = owner
+        cycle: Any = getattr(send, "__self__", None)  # uvicorn's RequestResponseCycle
+        fast = (
+            getattr(cycle, "chunked_encoding", None) is True
+            and getattr(cycle, "response_started", None) is True
+            and hasattr(getattr(cycle, "flow", None), "write_paused")
+            and hasattr(cycle, "transport")
+            and hasattr(cycle, "disconnected")
+        )
+        self._cycle: Any = cycle if fast else None
+        self._buf: list[bytes] = []
+        self._size = 0
+        self._pending = False
+        self._loop = asyncio.get_running_loop()
+
+    @property
+    def direct(self) -> bool:
+        return self._cycle is not None
+
+    async def send(self, frame: bytes) -> None:
+        cycle = self._cycle
+        if cycle is None:
+            owner = self._owner
+            owner.since = time.monotonic()
+            await self._send({"type": "http.response.body", "body": frame, "more_body": True})
+            owner.since = 0.0
+            return
+        if cycle.flow.write_paused and not cycle.disconnected:  # as uvicorn's send: wait to resume
+            self.flush()
+            owner = self._owner
+            owner.since = time.monotonic()
+            await cycle.flow.drain()
+            owner.since = 0.0
+        if cycle.disconnected:
+            return  # as uvicorn's send: dropped (the DisconnectWatch ends the turn)
+        self._buf.append(frame)
+        self._size += len(frame)
+        if self._size >= FLUSH_BYTES:
+            self.flush()
+        elif not self._pending:
+            self._pending = True
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._pending = False
+        buf = self._buf
+        if not buf:
+            return
+        body = b"".join(buf)
+        self._buf = []
+        self._size = 0
+        cycle = self._cycle
+        if cycle is not None and not cycle.disconnected and not cycle.transport.is_closing():
+            cycle.transport.write(b"%x\r\n%s\r\n" % (len(body), body))
+
+    async def end(self, body: bytes) -> None:
+        """The last body message (``more_body: False``), after everything pending."""
+        self.flush()
+        owner = self._owner
+        owner.since = time.monotonic()
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
