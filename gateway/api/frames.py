@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from websockets.exceptions import InvalidState
+from websockets.protocol import SERVER, State
 from websockets.protocol import Protocol as WsProtocol
 
 _GONE = 1006  # what Starlette reports when uvicorn says the client disconnected
@@ -36,7 +37,7 @@ class _Stamped(Protocol):
 
 
 class FrameWriter:
-    __slots__ = ("_conn", "_loop", "_owner", "_pending", "_proto", "_size", "_transport", "_ws")
+    __slots__ = ("_conn", "_loop", "_owner", "_pending", "_plain", "_proto", "_size", "_transport", "_ws")
 
     def __init__(self, websocket: WebSocket, owner: _Stamped) -> None:
         self._ws = websocket
@@ -56,6 +57,17 @@ class FrameWriter:
         self._conn: WsProtocol | None = conn if fast else None
         self._transport: asyncio.WriteTransport | None = proto.transport if fast else None
         self._loop = asyncio.get_running_loop()
+        # No extension negotiated (the gateway declines permessage-deflate) and a server's
+        # unmasked frames: the frame is its 2-10 byte header and the payload, made here rather
+        # than by websockets' general Frame.serialize, and queued on the protocol's own output
+        # (``writes``, what data_to_send returns), so anything it queues keeps its place.
+        self._plain = (
+            isinstance(conn, WsProtocol)
+            and fast
+            and conn.side is SERVER
+            and not conn.extensions
+            and not conn.debug
+        )
 
     @property
     def direct(self) -> bool:
@@ -80,10 +92,20 @@ class FrameWriter:
             owner.since = 0.0
         if proto.disconnected or proto.close_sent:
             raise WebSocketDisconnect(_GONE)
-        try:
-            conn.send_text(data)
-        except InvalidState:
-            raise WebSocketDisconnect(_GONE) from None
+        if self._plain and conn.state is State.OPEN and not conn.expect_continuation_frame:
+            n = len(data)
+            if n < 126:
+                head = bytes((0x81, n))  # FIN + text, unmasked length
+            elif n < 65536:
+                head = b"\x81\x7e" + n.to_bytes(2, "big")
+            else:
+                head = b"\x81\x7f" + n.to_bytes(8, "big")
+            conn.writes.append(head + data)
+        else:
+            try:
+                conn.send_text(data)
+            except InvalidState:
+                raise WebSocketDisconnect(_GONE) from None
         self._size += len(data)
         if self._size >= FLUSH_BYTES:
             self.flush()

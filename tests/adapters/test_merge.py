@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 import pytest
+from pydantic import SecretStr
 
 from adapters.base import UpstreamRequest
 from adapters.deltas import (
@@ -79,7 +80,8 @@ def test_other_deltas_end_a_run() -> None:
 
 
 def test_merging_reads_separately_then_together_is_merging_once() -> None:
-    deltas: list[Delta] = [TextDelta(c) for c in "hello"] + [ToolCallStart(0, "f")]
+    deltas: list[Delta] = [TextDelta(c) for c in "hello"]
+    deltas.append(ToolCallStart(0, "f"))
     deltas += [ToolCallArgsDelta(0, c) for c in "{}"] + [Finish("tool_calls")]
     for cut in range(len(deltas) + 1):
         parts = merge_ready(deltas[:cut]) + merge_ready(deltas[cut:])
@@ -139,7 +141,7 @@ def _http_chunk(data: bytes) -> bytes:
 
 def _adapter(base_url: str, merge: bool = True) -> OpenAIChatAdapter:
     return OpenAIChatAdapter(
-        ProviderSettings(kind="openai-chat", base_url=base_url, api_key="sk-x", merge_deltas=merge)
+        ProviderSettings(kind="openai-chat", base_url=base_url, api_key=SecretStr("sk-x"), merge_deltas=merge)
     )
 
 
