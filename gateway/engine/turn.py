@@ -30,7 +30,7 @@ from typing import Any
 import structlog
 
 from adapters.base import UpstreamRequest
-from adapters.deltas import Delta, Finish, ToolCallArgsDelta, ToolCallStart
+from adapters.deltas import Delta, Finish, TextDelta, ToolCallArgsDelta, ToolCallStart
 from gateway.engine.builder import ResponseBuilder
 from gateway.engine.context import Context
 from gateway.engine.routing import Route
@@ -307,6 +307,8 @@ class Turn:
             yield ev
 
     def _feed(self, delta: Delta) -> list[Event]:
+        if type(delta) is TextDelta:  # the per-token hot path: nothing of allowed-tools applies
+            return self.builder.feed(delta)
         match delta:
             case ToolCallStart(key=key, name=name):
                 if name not in self._allowed:
@@ -329,8 +331,9 @@ async def _relay(events: AsyncGenerator[Event, None], emit: Emit) -> None:
     """Every event to ``emit``. An event the transport cannot encode (a TypeError or ValueError
     from the serializer) fails the response in the builder, so the client still gets its terminal
     event; a client that left raises out as usual."""
+    step = events.__anext__  # bound once: one call per event
     try:
-        event = await anext(events)
+        event = await step()
         while True:
             try:
                 await emit(event)
@@ -338,7 +341,7 @@ async def _relay(events: AsyncGenerator[Event, None], emit: Emit) -> None:
                 log.exception("event_encoding_failed", event_type=event.get("type"))
                 event = await events.athrow(ServerError("The gateway failed while encoding this response."))
                 continue
-            event = await anext(events)
+            event = await step()
     except StopAsyncIteration:
         return
 
