@@ -14,6 +14,7 @@ _CR = 13  # b"\r"[0]
 _LF = 10
 _COLON = 58
 _BOM = b"\xef\xbb\xbf"
+_new_event = tuple.__new__
 
 
 class SSEDecodeError(ValueError):
@@ -98,6 +99,34 @@ class SSEDecoder:
                 data = data[3:]
                 if not data:
                     return []
+        events: list[SSEEvent] = []
+        if (
+            b"\r" not in data
+            and not self._data
+            and self._event is None
+            and self._id is None
+            and self._retry is None
+        ):
+            # The common stream (LF endings, no event half-read): whole events are the blocks
+            # before the last blank line; each lone "data: " line is an event at once.
+            blocks = data.split(b"\n\n")
+            data = blocks.pop()  # after the last blank line: the start of the next event, if any
+            limit = self._max
+            last_id = self._last_id
+            append = events.append
+            for block in blocks:
+                if block.startswith(b"data: ") and b"\n" not in block:
+                    if len(block) > limit:
+                        raise SSEDecodeError("server-sent event data exceeds the size limit")
+                    # SSEEvent(data, None, last_id, None), without NamedTuple's Python-level __new__
+                    append(_new_event(SSEEvent, (block[6:].decode("utf-8", "replace"), None, last_id, None)))
+                elif block:
+                    if len(block) > limit:
+                        raise SSEDecodeError("server-sent event data exceeds the size limit")
+                    self._block(block, events)
+                    last_id = self._last_id
+            if not data:
+                return events
         last = data[-1]
         lines = data.splitlines()  # bytes.splitlines splits on \r\n, \n and \r only
         if last == _CR:
@@ -108,7 +137,6 @@ class SSEDecoder:
                 raise SSEDecodeError("server-sent event line exceeds the size limit")
             self._buf = [tail]
             self._buf_size = len(tail)
-        events: list[SSEEvent] = []
         for line in lines:
             if not line:
                 ev = self._dispatch()
@@ -145,6 +173,19 @@ class SSEDecoder:
         return events
 
     # -- internals --------------------------------------------------------------------------
+    def _block(self, block: bytes, events: list[SSEEvent]) -> None:
+        """A whole event's lines (LF-separated, the blank line that ends it already cut off)."""
+        for line in block.split(b"\n"):
+            if line:
+                self._field(line)
+            else:  # a blank line of its own (three or more LFs in a row)
+                ev = self._dispatch()
+                if ev is not None:
+                    events.append(ev)
+        ev = self._dispatch()
+        if ev is not None:
+            events.append(ev)
+
     def _field(self, line: bytes) -> None:
         if line[0] == _COLON:
             return  # a comment (keep-alive, "OPENROUTER PROCESSING"...)
