@@ -30,6 +30,8 @@ _GONE = 1006  # what Starlette reports when uvicorn says the client disconnected
 # A burst longer than this is written at once (and backpressure applies from there on): frames
 # never pile up in the process, however many events are ready at once.
 FLUSH_BYTES = 64 * 1024
+# A response's last event: its frame is written at once (the caller flushes after it).
+TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
 class _Stamped(Protocol):

@@ -16,7 +16,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from gateway.api.common import RequestLog, error_response
 from gateway.api.encode import ws_bytes, ws_text
-from gateway.api.frames import FrameWriter
+from gateway.api.frames import TERMINAL_EVENTS, FrameWriter
 from gateway.api.stall import StallWatch, abort_transport
 from gateway.engine.auth import Principal
 from gateway.engine.orchestrator import Gateway
@@ -318,8 +318,11 @@ class Connection:
 
     async def _emit(self, event: dict[str, Any]) -> None:
         """A turn's event: framed at once, written with the others ready in the same step
-        (gateway/api/frames.py); this runs once per streamed event."""
+        (gateway/api/frames.py); this runs once per streamed event. The terminal event is written
+        at once: the client has its answer before the turn's cleanup runs."""
         await self.frames.send(ws_bytes(event))
+        if event["type"] in TERMINAL_EVENTS:
+            self.frames.flush()
 
     def _ended(self, result: TurnResult, rlog: RequestLog, previous: str | None) -> None:
         """The end-of-turn hook: the connection cache remembers a response that exists, and forgets
