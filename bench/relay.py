@@ -142,18 +142,104 @@ async def conv_http(port: int, model: str, turns: int) -> list[float]:
     return out
 
 
-async def conv_ws(port: int, model: str, turns: int) -> list[float]:
-    from websockets.asyncio.client import connect
+class RawWS(asyncio.Protocol):
+    """A minimal WebSocket client, as lean as the raw HTTP client (``bench.load.Conn``), so that
+    the client's own per-message cost (the ``websockets`` library's is ~20-30 µs a message) is not
+    counted as the gateway's: one upgrade, text frames out (masked with the all-zero key RFC 6455
+    allows), server frames parsed by their 2-10 byte headers; ``turn()`` returns the terminal
+    event's payload and the number of frames of the turn."""
 
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.upgraded = False
+        self.waiter: asyncio.Future[Any] | None = None
+        self.frames = 0
+        self.deltas = 0
+
+    @classmethod
+    async def open(cls, port: int) -> RawWS:
+        loop = asyncio.get_running_loop()
+        _, proto = await loop.create_connection(cls, HOST, port)
+        proto.waiter = loop.create_future()
+        assert proto.transport is not None
+        proto.transport.write(
+            f"GET /v1/responses HTTP/1.1\r\nHost: {HOST}:{port}\r\nUpgrade: websocket\r\n"
+            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            "Sec-WebSocket-Version: 13\r\n\r\n".encode()
+        )
+        await asyncio.wait_for(proto.waiter, TIMEOUT)
+        return proto
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(ConnectionError("websocket closed"))
+
+    def turn(self, text: bytes) -> asyncio.Future[Any]:
+        n = len(text)
+        head = bytes((0x81, 0x80 | n)) if n < 126 else b"\x81\xfe" + n.to_bytes(2, "big")
+        if n >= 65536:
+            head = b"\x81\xff" + n.to_bytes(8, "big")
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.frames = self.deltas = 0
+        assert self.transport is not None
+        self.transport.write(head + b"\0\0\0\0" + text)
+        return self.waiter
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.write(b"\x88\x82\0\0\0\0\x03\xe8")  # close 1000
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        if not self.upgraded:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            if not buf.startswith(b"HTTP/1.1 101"):
+                raise RuntimeError(f"no upgrade: {bytes(buf[:80])!r}")
+            self.upgraded = True
+            del buf[: end + 4]
+            if self.waiter is not None and not self.waiter.done():
+                self.waiter.set_result(None)
+        pos = 0
+        while len(buf) - pos >= 2:
+            n = buf[pos + 1] & 0x7F
+            start = pos + 2
+            if n == 126:
+                if len(buf) - pos < 4:
+                    break
+                n, start = int.from_bytes(buf[pos + 2 : pos + 4], "big"), pos + 4
+            elif n == 127:
+                if len(buf) - pos < 10:
+                    break
+                n, start = int.from_bytes(buf[pos + 2 : pos + 10], "big"), pos + 10
+            if len(buf) < start + n:
+                break
+            opcode = buf[pos] & 0x0F
+            pos = start + n
+            if opcode != 1:
+                continue
+            self.frames += 1
+            head = bytes(buf[start : start + 60])
+            if _DELTA in head:
+                self.deltas += 1
+            if b'"type":"error"' in head or any(k in head for k in _TERMINAL):
+                if self.waiter is not None and not self.waiter.done():
+                    self.waiter.set_result(bytes(buf[start:pos]))
+        del buf[:pos]
+
+
+async def conv_ws(port: int, model: str, turns: int) -> list[float]:
     out = []
     previous: str | None = None
-    async with connect(
-        f"ws://{HOST}:{port}/v1/responses",
-        compression=None,
-        max_size=None,
-        ping_interval=None,
-        open_timeout=10,
-    ) as ws:
+    ws = await RawWS.open(port)
+    try:
         for t in range(turns):
             msg: dict[str, Any] = {
                 "type": "response.create",
@@ -164,22 +250,16 @@ async def conv_ws(port: int, model: str, turns: int) -> list[float]:
             }
             if previous is not None:
                 msg["previous_response_id"] = previous
-            frame = orjson.dumps(msg).decode()
+            frame = orjson.dumps(msg)
             t0 = time.perf_counter()
-            await ws.send(frame)
-            async with asyncio.timeout(TIMEOUT):
-                while True:
-                    raw = await ws.recv(decode=False)
-                    head = raw[:60]
-                    if b'"type":"error"' in head:
-                        raise RuntimeError(f"ws: {raw[:300]!r}")
-                    if any(k in head for k in _TERMINAL):
-                        break
+            raw = await asyncio.wait_for(ws.turn(frame), TIMEOUT)
             out.append(time.perf_counter() - t0)
             ev = orjson.loads(raw)
             if ev["type"] != "response.completed":
-                raise RuntimeError(f"ws: {ev['type']}")
+                raise RuntimeError(f"ws: {raw[:300]!r}")
             previous = ev["response"]["id"]
+    finally:
+        ws.close()
     return out
 
 
@@ -244,33 +324,15 @@ async def long_sse(port: int, deltas: int) -> tuple[int, int]:
 
 
 async def long_ws(port: int, deltas: int) -> tuple[int, int]:
-    from websockets.asyncio.client import connect
-
-    events = text = 0
-    async with connect(
-        f"ws://{HOST}:{port}/v1/responses",
-        compression=None,
-        max_size=None,
-        ping_interval=None,
-        open_timeout=10,
-    ) as ws:
-        await ws.send(
-            orjson.dumps(
-                {"type": "response.create", "model": "relay-long", "input": "go", "store": False}
-            ).decode()
-        )
-        async with asyncio.timeout(TIMEOUT):
-            while True:
-                raw = await ws.recv(decode=False)
-                events += 1
-                head = raw[:60]
-                if _DELTA in head:
-                    text += 1
-                if b'"type":"error"' in head:
-                    raise RuntimeError(f"long ws: {raw[:300]!r}")
-                if any(k in head for k in _TERMINAL):
-                    break
-    return events, text
+    ws = await RawWS.open(port)
+    try:
+        msg = {"type": "response.create", "model": "relay-long", "input": "go", "store": False}
+        raw = await asyncio.wait_for(ws.turn(orjson.dumps(msg)), TIMEOUT)
+        if b'"type":"response.completed"' not in raw[:60]:
+            raise RuntimeError(f"long ws: {raw[:300]!r}")
+        return ws.frames, ws.deltas
+    finally:
+        ws.close()
 
 
 async def long_streams(gw: tuple[int, int], deltas: int, streams: int) -> dict[str, Any]:
@@ -372,7 +434,7 @@ async def measure(args: argparse.Namespace, up_port: int, gws: dict[str, tuple[i
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--turns", type=int, default=20)
-    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--reps", type=int, default=20)
     p.add_argument("--answer", type=int, default=64, help="deltas per conversation answer")
     p.add_argument("--deltas", type=int, default=4096, help="deltas of the long stream")
     p.add_argument("--streams", type=int, default=9)
