@@ -6,7 +6,7 @@ with CRLF, LF or CR, as the WHATWG event-stream grammar allows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["SSEDecodeError", "SSEDecoder", "SSEEvent"]
 
@@ -14,15 +14,16 @@ _CR = 13  # b"\r"[0]
 _LF = 10
 _COLON = 58
 _BOM = b"\xef\xbb\xbf"
+_new_event = tuple.__new__
 
 
 class SSEDecodeError(ValueError):
     """The stream broke a decoder limit (an unbounded line or event)."""
 
 
-@dataclass(slots=True, frozen=True)
-class SSEEvent:
-    """One dispatched event. ``event`` is None when the stream gave no ``event:`` field."""
+class SSEEvent(NamedTuple):
+    """One dispatched event. ``event`` is None when the stream gave no ``event:`` field.
+    (A NamedTuple: one is made per upstream event, and a tuple is the cheapest to make.)"""
 
     data: str
     event: str | None = None
@@ -98,6 +99,34 @@ class SSEDecoder:
                 data = data[3:]
                 if not data:
                     return []
+        events: list[SSEEvent] = []
+        if (
+            b"\r" not in data
+            and not self._data
+            and self._event is None
+            and self._id is None
+            and self._retry is None
+        ):
+            # The common stream (LF endings, no event half-read): whole events are the blocks
+            # before the last blank line; each lone "data: " line is an event at once.
+            blocks = data.split(b"\n\n")
+            data = blocks.pop()  # after the last blank line: the start of the next event, if any
+            limit = self._max
+            last_id = self._last_id
+            append = events.append
+            for block in blocks:
+                if block.startswith(b"data: ") and b"\n" not in block:
+                    if len(block) > limit:
+                        raise SSEDecodeError("server-sent event data exceeds the size limit")
+                    # SSEEvent(data, None, last_id, None), without NamedTuple's Python-level __new__
+                    append(_new_event(SSEEvent, (block[6:].decode("utf-8", "replace"), None, last_id, None)))
+                elif block:
+                    if len(block) > limit:
+                        raise SSEDecodeError("server-sent event data exceeds the size limit")
+                    self._block(block, events)
+                    last_id = self._last_id
+            if not data:
+                return events
         last = data[-1]
         lines = data.splitlines()  # bytes.splitlines splits on \r\n, \n and \r only
         if last == _CR:
@@ -108,14 +137,20 @@ class SSEDecoder:
                 raise SSEDecodeError("server-sent event line exceeds the size limit")
             self._buf = [tail]
             self._buf_size = len(tail)
-        events: list[SSEEvent] = []
         for line in lines:
-            if line:
-                self._field(line)
-            else:
+            if not line:
                 ev = self._dispatch()
                 if ev is not None:
                     events.append(ev)
+            elif line[:6] == b"data: " and not self._data:
+                # the per-event hot path (one "data: " line per event): what _field does for it
+                value = line[6:]
+                self._data_size = size = len(value) + 1
+                if size > self._max:
+                    raise SSEDecodeError("server-sent event data exceeds the size limit")
+                self._data.append(value)
+            else:
+                self._field(line)
         return events
 
     def flush(self) -> list[SSEEvent]:
@@ -138,6 +173,19 @@ class SSEDecoder:
         return events
 
     # -- internals --------------------------------------------------------------------------
+    def _block(self, block: bytes, events: list[SSEEvent]) -> None:
+        """A whole event's lines (LF-separated, the blank line that ends it already cut off)."""
+        for line in block.split(b"\n"):
+            if line:
+                self._field(line)
+            else:  # a blank line of its own (three or more LFs in a row)
+                ev = self._dispatch()
+                if ev is not None:
+                    events.append(ev)
+        ev = self._dispatch()
+        if ev is not None:
+            events.append(ev)
+
     def _field(self, line: bytes) -> None:
         if line[0] == _COLON:
             return  # a comment (keep-alive, "OPENROUTER PROCESSING"...)
@@ -161,13 +209,15 @@ class SSEDecoder:
 
     def _dispatch(self) -> SSEEvent | None:
         data = self._data
-        if not data and self._event is None and self._id is None and self._retry is None:
+        event = self._event
+        if not data and event is None and self._id is None and self._retry is None:
             return None
         text = (data[0] if len(data) == 1 else b"\n".join(data)).decode("utf-8", "replace")
-        ev = SSEEvent(text, self._event, self._last_id, self._retry)
+        ev = SSEEvent(text, event, self._last_id, self._retry)
         self._data = []
         self._data_size = 0
-        self._event = None
+        if event is not None:
+            self._event = None
         self._id = None
         self._retry = None
         return ev

@@ -11,19 +11,26 @@ Every call sends the request's id as ``X-Request-Id`` (and, with tracing on, the
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
-from contextlib import aclosing
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 import orjson
 
 from adapters.base import UpstreamRequest
-from adapters.deltas import Delta
+from adapters.deltas import (
+    Delta,
+    ReasoningDelta,
+    ReasoningSummaryDelta,
+    RefusalDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+)
+from adapters.sse import SSEDecodeError, SSEDecoder
 from adapters.transport import UpstreamCall, UpstreamClient, open_stream
 from gateway.kernel.errors import UpstreamError
 from gateway.kernel.ids import safe_id
 from gateway.kernel.settings import ProviderSettings
 
-__all__ = ["HTTPStreamAdapter", "StreamTranslator", "json_object"]
+__all__ = ["HTTPStreamAdapter", "StreamTranslator", "json_object", "merge_ready"]
 
 
 class StreamTranslator(Protocol):
@@ -127,30 +134,52 @@ class HTTPStreamAdapter(Generic[T]):
                 done_marker = self.done_marker
                 named_events = self.named_events
                 need_id = call.upstream_request_id is None
-                async with aclosing(upstream.events()) as events:
-                    async for event in events:
-                        data = event.data
-                        if not data:
-                            continue
-                        if done_marker and data == "[DONE]":
-                            ended = True
-                            break
-                        try:
-                            chunk = orjson.loads(data)
-                        except orjson.JSONDecodeError:
-                            raise UpstreamError("The upstream provider sent malformed stream data.") from None
-                        if not isinstance(chunk, dict):
-                            continue
-                        if need_id:  # the first chunk, for a provider that names its id there
-                            need_id = False
-                            call.body_id(chunk.get(_BODY_ID))
-                        if named_events and "type" not in chunk and event.event:
-                            chunk["type"] = event.event
-                        for delta in feed(chunk):
+                merge = self.settings.merge_deltas
+                decoder = SSEDecoder()
+                # One upstream read at a time: its events are decoded into ``ready`` before any is
+                # yielded, so that deltas that arrived together can go out as one (``merge_ready``).
+                # Nothing waits for more input: the read's deltas are all yielded before the next read.
+                while not ended:
+                    chunk = await upstream.next_chunk()
+                    try:
+                        events = decoder.feed(chunk) if chunk is not None else decoder.flush()
+                    except SSEDecodeError:
+                        raise UpstreamError("The upstream provider sent an oversized stream event.") from None
+                    ready: list[Delta] = []
+                    try:
+                        for event in events:
+                            data = event.data
+                            if not data:
+                                continue
+                            if done_marker and data == "[DONE]":
+                                ended = True
+                                break
+                            try:
+                                parsed = orjson.loads(data)
+                            except orjson.JSONDecodeError:
+                                raise UpstreamError(
+                                    "The upstream provider sent malformed stream data."
+                                ) from None
+                            if not isinstance(parsed, dict):
+                                continue
+                            if need_id:  # the first chunk, for a provider that names its id there
+                                need_id = False
+                                call.body_id(parsed.get(_BODY_ID))
+                            if named_events and "type" not in parsed and event.event:
+                                parsed["type"] = event.event
+                            ready += feed(parsed)
+                            if translator.done:
+                                ended = True
+                                break
+                    except Exception:
+                        # what came before the failing event still goes out first, as it arrived
+                        for delta in merge_ready(ready) if merge else ready:
                             yield delta
-                        if translator.done:
-                            ended = True
-                            break
+                        raise
+                    for delta in merge_ready(ready) if merge else ready:
+                        yield delta
+                    if chunk is None:
+                        break
                 if ended:
                     await upstream.drain()  # the body's end is normally right behind: reuse the socket
             for delta in self.finish(translator, ended):
@@ -172,3 +201,57 @@ def json_object(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise UpstreamError("The upstream provider sent a malformed response.")
     return body
+
+
+def merge_ready(deltas: list[Delta]) -> list[Delta]:
+    """``deltas`` (all already decoded, from one upstream read) with each run of adjacent pieces of
+    the same text merged into one delta: text (logprobs concatenated in order), refusal, reasoning,
+    a reasoning summary part's text (same ``part``), one tool call's arguments (same ``key``). Any
+    other delta ends a run. The concatenated text and logprobs are exactly the pieces'."""
+    if len(deltas) < 2:
+        return deltas
+    out: list[Delta] = []
+    run: list[Delta] = []  # adjacent pieces that merge with one another
+    for d in deltas:
+        if run:
+            head = run[0]
+            if type(d) is type(head) and _joins(head, d):
+                run.append(d)
+                continue
+            out.append(_merged(run))
+            run = []
+        if type(d) in _MERGEABLE:
+            run.append(d)
+        else:
+            out.append(d)
+    if run:
+        out.append(_merged(run))
+    return out
+
+
+_MERGEABLE = (TextDelta, RefusalDelta, ReasoningDelta, ReasoningSummaryDelta, ToolCallArgsDelta)
+
+
+def _joins(head: Delta, d: Delta) -> bool:
+    """Whether ``d`` continues the run that ``head`` (of the same type) began."""
+    if isinstance(head, ToolCallArgsDelta):
+        return head.key == d.key  # type: ignore[union-attr]
+    if isinstance(head, ReasoningSummaryDelta):
+        return head.part == d.part  # type: ignore[union-attr]
+    return True
+
+
+def _merged(run: list[Delta]) -> Delta:
+    head = run[0]
+    if len(run) == 1:
+        return head
+    if isinstance(head, TextDelta):
+        texts = cast(list[TextDelta], run)
+        logprobs = [lp for t in texts if t.logprobs for lp in t.logprobs]
+        return TextDelta("".join(t.text for t in texts), logprobs or None)
+    if isinstance(head, ToolCallArgsDelta):
+        return ToolCallArgsDelta(head.key, "".join(cast(ToolCallArgsDelta, d).delta for d in run))
+    if isinstance(head, ReasoningSummaryDelta):
+        return ReasoningSummaryDelta("".join(cast(ReasoningSummaryDelta, d).text for d in run), head.part)
+    text = "".join(cast(RefusalDelta | ReasoningDelta, d).text for d in run)
+    return RefusalDelta(text) if isinstance(head, RefusalDelta) else ReasoningDelta(text)

@@ -156,7 +156,11 @@ def write_config(
 ) -> None:
     """A gateway config with one provider per adapter kind, all pointing at the fake on
     ``upstream_port``. ``models``: gateway model → upstream model (provider ``up``, openai-chat) or
-    (provider, upstream model)."""
+    (provider, upstream model). The providers relay one event per upstream delta
+    (``merge_deltas: false``): this benchmark's event counts and events/s are per upstream chunk, as
+    its checks expect (the fake writes a whole stream at once, which the default would merge into a
+    few events). ``up-merged`` (openai-chat, the default ``merge_deltas``) serves the agent
+    conversation, a latency figure of the default configuration."""
     lines = ["log:", f"  level: {log_level}", "providers:"]
     for kind, (name, base) in ADAPTER_PROVIDERS.items():
         lines += [
@@ -164,7 +168,14 @@ def write_config(
             f"    kind: {kind}",
             f"    base_url: http://{HOST}:{upstream_port}{base}",
             "    api_key: sk-bench",
+            "    merge_deltas: false",
         ]
+    lines += [
+        "  up-merged:",
+        "    kind: openai-chat",
+        f"    base_url: http://{HOST}:{upstream_port}/v1",
+        "    api_key: sk-bench",
+    ]
     lines.append("models:")
     for name, up in models.items():
         provider, model = up if isinstance(up, tuple) else ("up", up)

@@ -70,7 +70,7 @@ GATEWAY_MODELS: dict[str, str | tuple[str, str]] = {
     "bench": "fake",  # JSON (the fake's default stream length applies if the adapter streams upstream)
     "bench-sse": f"fake-{SHORT_CHUNKS}",
     "bench-long": f"fake-{LONG_CHUNKS}",
-    "bench-agent": f"fake-{AGENT_CHUNKS}",
+    "bench-agent": ("up-merged", f"fake-{AGENT_CHUNKS}"),  # the default merge_deltas (procs.py)
     "mock": ("mock", "mock"),  # the built-in model is served beside providers only when listed
 }
 for _kind, (_provider, _) in ADAPTER_PROVIDERS.items():  # the per-adapter stage

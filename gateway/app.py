@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match, Route
 from starlette.types import Message, Receive, Scope, Send
+from starlette.websockets import WebSocket
 
 from compact.inline import compact_inline
 from compact.opener import Opener
@@ -90,6 +91,12 @@ class GatewayApp(FastAPI):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # a WebSocket holds the live gateway per turn (gateway/api/ws.py)
+            if scope["type"] == "websocket" and scope["path"] in HOT_PATHS:
+                # The Responses WebSocket too: its handler answers every error itself, and its events
+                # are written straight to uvicorn's protocol (gateway/api/frames.py) when reachable.
+                scope["app"] = self
+                await responses_socket(WebSocket(scope, receive, send))
+                return
             await super().__call__(scope, receive, send)
             return
         # A request runs to its end on the gateway current when it arrived (a reload may swap it):

@@ -108,6 +108,11 @@ class ChatStreamTranslator:
 
     # -- internals ---------------------------------------------------------------------------
     def _delta(self, delta: dict[str, Any], out: list[Delta], logprobs: Any = None) -> None:
+        if len(delta) == 1 and not logprobs:  # the per-token hot path: {"content": "..."} alone
+            content = delta.get("content")
+            if content and isinstance(content, str):
+                out.append(TextDelta(content))
+                return
         # vLLM/DeepSeek say "reasoning_content", OpenRouter/Ollama "reasoning"; some send both.
         reasoning = delta.get("reasoning_content") or delta.get("reasoning")
         if reasoning and isinstance(reasoning, str):

@@ -20,3 +20,8 @@ def json_bytes(obj: Any) -> bytes:
 
 def ws_text(event: dict[str, Any]) -> str:
     return orjson.dumps(event).decode()
+
+
+def ws_bytes(event: dict[str, Any]) -> bytes:
+    """A WebSocket text frame's payload as UTF-8 (gateway/api/frames.py frames it as is)."""
+    return orjson.dumps(event)

@@ -8,7 +8,6 @@ point — while waiting for the first token, mid-stream, or while a JSON answer 
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from starlette.requests import Request
@@ -17,6 +16,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.api.common import RequestLog, error_response, read_request
 from gateway.api.disconnect import DisconnectWatch
 from gateway.api.encode import SSE_DONE, json_bytes, sse_frame
+from gateway.api.frames import BodyWriter
 from gateway.api.stall import StallWatch
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.turn import Turn
@@ -87,19 +87,22 @@ async def _respond(
 async def _stream_sse(
     turn: Turn, extra: list[tuple[bytes, bytes]], send: Send, watch: DisconnectWatch
 ) -> None:
-    """Each send is stamped for the StallWatch (``watch.since``)."""
+    """Each send that waits is stamped for the StallWatch (``watch.since``). The frames of events
+    that are ready together leave in one write (gateway/api/frames.py ``BodyWriter``)."""
+    writer: BodyWriter | None = None
 
     async def opened() -> None:
+        nonlocal writer
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS + extra})
+        writer = BodyWriter(send, watch)
 
     async def emit(event: dict[str, Any]) -> None:
-        watch.since = time.monotonic()
-        await send({"type": "http.response.body", "body": sse_frame(event), "more_body": True})
-        watch.since = 0.0
+        assert writer is not None  # opened() ran first
+        await writer.send(sse_frame(event))
 
     await turn.run(emit, opened=opened)
-    watch.since = time.monotonic()
-    await send({"type": "http.response.body", "body": SSE_DONE, "more_body": False})
+    assert writer is not None
+    await writer.end(SSE_DONE)
 
 
 async def _send_json(turn: Turn, extra: list[tuple[bytes, bytes]], send: Send) -> None:

@@ -15,7 +15,8 @@ from starlette.requests import Request
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from gateway.api.common import RequestLog, error_response
-from gateway.api.encode import ws_text
+from gateway.api.encode import ws_bytes, ws_text
+from gateway.api.frames import TERMINAL_EVENTS, FrameWriter
 from gateway.api.stall import StallWatch, abort_transport
 from gateway.engine.auth import Principal
 from gateway.engine.orchestrator import Gateway
@@ -143,6 +144,7 @@ class Connection:
         self._worker: asyncio.Task[None] | None = None
         self.since = 0.0  # a send in progress since (gateway/api/stall.py)
         self.affinity: str | None = None  # keeps the connection's turns on one deployment
+        self.frames = FrameWriter(websocket, self)  # the send path: events' frames (gateway/api/frames.py)
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def serve(self) -> None:
@@ -173,6 +175,7 @@ class Connection:
         if self.closed or self.client_gone:
             return
         self.closed = True
+        self.frames.flush()  # events still unwritten go before the close frame
         with contextlib.suppress(Exception):
             await self.ws.close(code, reason)
 
@@ -180,6 +183,7 @@ class Connection:
         # Awaits the transport: uvicorn pauses us at its write high-water mark, so a slow reader
         # stalls this turn (and the upstream read behind it) instead of growing a buffer; the
         # StallWatch drops it past limits.client_send_seconds.
+        self.frames.flush()  # events still unwritten go first
         self.since = time.monotonic()
         await self.ws.send({"type": "websocket.send", "text": text})
         self.since = 0.0
@@ -335,10 +339,12 @@ class Connection:
             self.gw = gw
 
     async def _emit(self, event: dict[str, Any]) -> None:
-        """A turn's event: ``_send`` inlined, since this runs once per streamed event."""
-        self.since = time.monotonic()
-        await self.ws.send({"type": "websocket.send", "text": ws_text(event)})
-        self.since = 0.0
+        """A turn's event: framed at once, written with the others ready in the same step
+        (gateway/api/frames.py); this runs once per streamed event. The terminal event is written
+        at once: the client has its answer before the turn's cleanup runs."""
+        await self.frames.send(ws_bytes(event))
+        if event["type"] in TERMINAL_EVENTS:
+            self.frames.flush()
 
     def _ended(self, result: TurnResult, rlog: RequestLog, previous: str | None) -> None:
         """The end-of-turn hook: the connection cache remembers a response that exists, and forgets

@@ -32,7 +32,7 @@ from typing import Any
 import structlog
 
 from adapters.base import UpstreamRequest
-from adapters.deltas import Delta, Finish, ToolCallArgsDelta, ToolCallStart, Usage
+from adapters.deltas import Delta, Finish, TextDelta, ToolCallArgsDelta, ToolCallStart, Usage
 from gateway.engine.balance import Attempt
 from gateway.engine.builder import ResponseBuilder
 from gateway.engine.context import Context
@@ -382,6 +382,8 @@ class Turn:
             yield ev
 
     def _feed(self, delta: Delta) -> list[Event]:
+        if type(delta) is TextDelta:  # the per-token hot path: nothing of allowed-tools applies
+            return self.builder.feed(delta)
         match delta:
             case ToolCallStart(key=key, name=name):
                 if name not in self._allowed:
@@ -451,8 +453,9 @@ async def _relay(events: AsyncGenerator[Event, None], emit: Emit) -> None:
     """Every event to ``emit``. An event the transport cannot encode (a TypeError or ValueError
     from the serializer) fails the response in the builder, so the client still gets its terminal
     event; a client that left raises out as usual."""
+    step = events.__anext__  # bound once: one call per event
     try:
-        event = await anext(events)
+        event = await step()
         while True:
             try:
                 await emit(event)
@@ -460,7 +463,7 @@ async def _relay(events: AsyncGenerator[Event, None], emit: Emit) -> None:
                 log.exception("event_encoding_failed", event_type=event.get("type"))
                 event = await events.athrow(ServerError("The gateway failed while encoding this response."))
                 continue
-            event = await anext(events)
+            event = await step()
     except StopAsyncIteration:
         return
 

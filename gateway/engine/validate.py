@@ -178,7 +178,10 @@ def _check_parts_depth(input_: Any, limit: int) -> None:
     if not isinstance(input_, list):
         return
     for n, item in enumerate(input_):
-        for k, part in enumerate(getattr(item, "content", None) or ()):
+        content = getattr(item, "content", None)
+        if not content or isinstance(content, str):
+            continue  # a plain-text message: nothing free-form (and not a string's characters to walk)
+        for k, part in enumerate(content):
             for name in ("annotations", "logprobs"):
                 value = getattr(part, name, None)
                 if value is not None and _depth_over(value, limit):

@@ -256,6 +256,9 @@ class ProviderSettings(_Strict):
     max_connections: int = Field(default=200, ge=1)
     # http://[user:pass@]host:port for upstream calls (none: direct)
     proxy: Annotated[SecretStr | None, _secret_url(("http", "https"))] = None
+    # text/argument deltas decoded from one upstream read go out as one event (README "Relay cost");
+    # false: one event per upstream delta
+    merge_deltas: bool = True
     # anthropic
     anthropic_version: str = "2023-06-01"
     default_max_tokens: int = Field(default=4096, ge=1)

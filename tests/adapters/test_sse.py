@@ -139,3 +139,20 @@ def test_any_split_yields_same_events(raw: bytes, cuts: list[int]) -> None:
     chunks = [raw[a:b] for a, b in zip([0, *points], [*points, len(raw)], strict=True)]
     assert decode_all(chunks) == whole
     assert decode_all([raw[i : i + 1] for i in range(len(raw))]) == whole
+
+
+@st.composite
+def _lf_streams(draw: st.DrawFn) -> bytes:
+    parts = draw(st.lists(_line, max_size=40))
+    return "".join(line + "\n" for line in parts).encode()
+
+
+@settings(max_examples=300, deadline=None)
+@given(raw=_lf_streams(), cuts=st.lists(st.integers(min_value=0, max_value=600), max_size=12))
+def test_lf_streams_any_split_yields_same_events(raw: bytes, cuts: list[int]) -> None:
+    """LF-only streams (the decoder's whole-events fast path) against the reference, at any split."""
+    whole = decode_all([raw])
+    assert whole == _reference(raw)
+    points = sorted({c % (len(raw) + 1) for c in cuts})
+    chunks = [raw[a:b] for a, b in zip([0, *points], [*points, len(raw)], strict=True)]
+    assert decode_all(chunks) == whole

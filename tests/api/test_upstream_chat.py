@@ -28,6 +28,9 @@ def served(fake_server: FakeOpenAIChat) -> Iterator[ServedApp]:
         api_key="sk-upstream-secret",
         timeouts={"connect": 2, "read": 1.0, "total": 30},
         retry={"attempts": 1, "backoff_base": 0.01},
+        # one event per upstream chunk, so the event cap and per-delta logprobs count the fake's
+        # chunks (the default merges chunks read together: tests/adapters/test_merge.py)
+        merge_deltas=False,
     )
     with serve_gateway({**settings, "limits": {"max_events_per_stream": 40}}) as s:
         yield s
