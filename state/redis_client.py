@@ -36,6 +36,17 @@ T = TypeVar("T")
 Client = Redis | RedisCluster
 
 
+class _Cluster(RedisCluster):
+    """``RedisCluster`` whose calls wait for the slot map first: redis-py 8.1 resolves a command's
+    policy before it initializes, and concurrent first calls (or calls right after a node failed)
+    then race on half-made connections and fail with spurious errors."""
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        if self._initialize:
+            await self.initialize()  # one at a time (its lock), a no-op once done
+        return await super().execute_command(*args, **kwargs)
+
+
 def connect(topology: Topology, timeout: float) -> Client:
     """A client whose every socket operation is bounded by ``timeout`` (``bounded`` bounds the
     whole call, retries and rediscovery included)."""
@@ -43,7 +54,7 @@ def connect(topology: Topology, timeout: float) -> Client:
     if topology.mode == "cluster":
         # Retries (a node down, MOVED after a failover) happen inside the call's time bound; the
         # cluster client re-reads the slot map when a node fails.
-        return RedisCluster.from_url(topology.url, retry=Retry(NoBackoff(), 2), **common)
+        return _Cluster.from_url(topology.url, retry=Retry(NoBackoff(), 2), **common)
     # one immediate retry on a fresh connection covers pooled sockets a Redis restart broke
     common["retry"] = Retry(NoBackoff(), 1)
     if topology.mode == "sentinel":

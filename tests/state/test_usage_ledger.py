@@ -12,18 +12,20 @@ from state.redis import RedisStore
 from state.redis_usage import RedisLedger
 from state.usage import METRICS, RETENTION_DAYS, MemoryLedger, UsageLedger
 from tests.redis_server import delete_prefix, redis_url, unique_prefix
+from tests.state.conftest import REDIS_MODES, target_of
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", *REDIS_MODES])
 async def ledger(request: pytest.FixtureRequest) -> AsyncIterator[UsageLedger]:
     if request.param == "memory":
         yield MemoryLedger()
         return
+    target = target_of(request, request.param)
     p = unique_prefix()
-    store = RedisStore(redis_url(), key_prefix=p, ttl_seconds=60, timeout_seconds=2)
+    store = RedisStore(target.topology, key_prefix=p, ttl_seconds=60, timeout_seconds=2)
     yield RedisLedger(store)
     await store.aclose()
-    delete_prefix(redis_url(), p)
+    target.delete_prefix(p)
 
 
 async def test_rows_add_up_per_tenant_day_key_and_model(ledger: UsageLedger) -> None:
