@@ -21,6 +21,7 @@ def create_store(settings: StateSettings) -> ResponseStore:
             ttl_seconds=settings.ttl_seconds,
             timeout_seconds=settings.timeout_seconds,
             max_chain_depth=settings.max_chain_depth,
+            wait_replicas=settings.wait_replicas,
         )
     return MemoryStore(
         max_entries=settings.memory_max_entries,

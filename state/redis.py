@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 import orjson
+from redis.asyncio.cluster import RedisCluster
 
 from gateway.kernel.errors import ServiceUnavailable, chain_too_deep
 from state import codec
@@ -113,11 +114,15 @@ class RedisStore:
         ttl_seconds: int,
         timeout_seconds: float,
         max_chain_depth: int = 1000,
+        wait_replicas: int = 0,
     ) -> None:
         self.key_prefix = key_prefix
         self.ttl_ms = int(ttl_seconds * 1000)
         self.max_chain_depth = max_chain_depth  # how far a put extends ancestors' TTLs
         self.timeout = timeout_seconds
+        # a put also waits for this many replicas to have it (Redis WAIT), within half the timeout
+        self.wait_replicas = wait_replicas
+        self._wait_ms = max(1, int(timeout_seconds * 500))
         self.topology = target if isinstance(target, Topology) else Topology(target)
         self._client: Client = connect(self.topology, timeout_seconds)
 
@@ -158,6 +163,11 @@ class RedisStore:
             f"{self._base(tenant)}i:",
             self.max_chain_depth,
         ]
+        if self.wait_replicas:
+            assert not isinstance(self._client, RedisCluster)  # refused by StateSettings
+            call = PUT.run_replicated(self._client, keys, args, self.wait_replicas, self._wait_ms)
+            await self._call(call)
+            return
         await self._call(self._script(PUT, keys, args))
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:

@@ -50,7 +50,11 @@ class _Cluster(RedisCluster):
 def connect(topology: Topology, timeout: float) -> Client:
     """A client whose every socket operation is bounded by ``timeout`` (``bounded`` bounds the
     whole call, retries and rediscovery included)."""
-    common: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    # Sockets give up a little before the call's bound, so that redis-py itself sees the timeout
+    # and acts on it (drops the connection; in a cluster, re-reads the slot map: a frozen master
+    # answers nothing, not even MOVED, so nothing else would make it look elsewhere).
+    socket = timeout * 0.75
+    common: dict[str, Any] = {"socket_timeout": socket, "socket_connect_timeout": socket}
     if topology.mode == "cluster":
         # Retries (a node down, MOVED after a failover) happen inside the call's time bound; the
         # cluster client re-reads the slot map when a node fails.
@@ -94,6 +98,28 @@ class Script:
             # a restarted or flushed Redis (or a new cluster master) forgot it; EVAL runs it and
             # caches it again
             return await client.eval(self.source, len(keys), *keys, *args)  # type: ignore[misc]
+
+    async def run_replicated(
+        self, client: Redis, keys: Sequence[Any], args: Sequence[Any], replicas: int, wait_ms: int
+    ) -> Any:
+        """``run``, then WAIT until ``replicas`` replicas have its writes (at most ``wait_ms``), on
+        the same connection (WAIT counts the connection's own writes): fewer is a RedisError."""
+        for command in ("EVALSHA", "EVAL"):
+            pipe = client.pipeline(transaction=False)
+            pipe.execute_command(
+                command, self.sha if command == "EVALSHA" else self.source, len(keys), *keys, *args
+            )
+            pipe.execute_command("WAIT", replicas, wait_ms)
+            try:
+                result, acked = await pipe.execute()
+            except NoScriptError:
+                continue  # a restarted or flushed Redis forgot it: EVAL runs it and caches it again
+            finally:
+                await pipe.reset()
+            if int(acked) < replicas:
+                raise RedisError(f"WAIT: {acked} of {replicas} replicas")
+            return result
+        raise RedisError("the script could not be run")
 
 
 async def bounded(awaitable: Awaitable[T], seconds: float, what: str, *, log_errors: bool = True) -> T:

@@ -217,7 +217,7 @@ class SentinelTopology(_Processes):
         for port in self.sentinel_ports:
             client = redis.Redis(port=port, socket_timeout=0.5, decode_responses=True)
             try:
-                state = client.sentinel_master(self.name)
+                state: Any = client.sentinel_master(self.name)
                 if int(state["num-other-sentinels"]) != 2 or int(state["num-slaves"]) != 1:
                     return False
             finally:
@@ -229,8 +229,8 @@ class SentinelTopology(_Processes):
         for port in self.sentinel_ports:
             client = redis.Redis(port=port, socket_timeout=0.5)
             try:
-                _, master = client.sentinel_get_master_addr_by_name(self.name)
-                return int(master)
+                found: Any = client.sentinel_get_master_addr_by_name(self.name)
+                return int(found[1])
             except (redis.RedisError, OSError, TypeError):
                 continue
             finally:

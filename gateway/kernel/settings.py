@@ -240,6 +240,9 @@ class StateSettings(_Strict):
     timeout_seconds: float = Field(default=2.0, gt=0)
     # how long a store health check holds before a store: true request probes again
     health_recheck_seconds: float = Field(default=1.0, gt=0)
+    # a store: true response is acknowledged only once this many replicas have it too (Redis
+    # WAIT, within half of timeout_seconds; fewer is a 503). 0: once the master has it
+    wait_replicas: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _topology(self) -> StateSettings:
@@ -253,6 +256,10 @@ class StateSettings(_Strict):
                 problems.append(("redis_url", f"redis_mode {mode} needs a redis:// or rediss:// URL"))
         if mode == "cluster" and url is not None and url.scheme != "unix" and _db(url) not in ("", "0"):
             problems.append(("redis_url", "a Redis Cluster has only db 0: end the URL with /0 or no db"))
+        if self.wait_replicas and mode == "cluster":
+            problems.append(("wait_replicas", "is not supported with redis_mode: cluster"))
+        if self.wait_replicas and url is None:
+            problems.append(("wait_replicas", "needs a redis_url (the in-process store has no replicas)"))
         if mode == "sentinel":
             if not self.sentinels:
                 problems.append(("sentinels", 'sentinel mode needs the sentinels, e.g. ["10.0.0.7:26379"]'))
