@@ -7,6 +7,7 @@ response's ancestors and raises each one's TTL (and its item-index keys') to the
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -120,6 +121,7 @@ class RedisStore:
         self.ttl_ms = int(ttl_seconds * 1000)
         self.max_chain_depth = max_chain_depth  # how far a put extends ancestors' TTLs
         self.timeout = timeout_seconds
+        self.failed_at: float | None = None  # monotonic, of the last failed call (None: it worked)
         # a put also waits for this many replicas to have it (Redis WAIT), within half the timeout
         self.wait_replicas = wait_replicas
         self._wait_ms = max(1, int(timeout_seconds * 500))
@@ -138,7 +140,18 @@ class RedisStore:
 
     # -- plumbing ----------------------------------------------------------------------------
     async def _call(self, awaitable: Awaitable[T]) -> T:
-        return await bounded(awaitable, self.timeout, "state store")
+        try:
+            result = await bounded(awaitable, self.timeout, "state store")
+        except ServiceUnavailable:
+            self.failed_at = time.monotonic()
+            raise
+        self.failed_at = None
+        return result
+
+    def failing(self) -> bool:
+        """The last call failed, less than a timeout ago: what may skip a wait (the ledger's
+        count at the end of a turn whose put just timed out), so that one outage costs one wait."""
+        return self.failed_at is not None and time.monotonic() - self.failed_at < self.timeout
 
     async def _script(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return await script.run(self._client, keys, args)

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import redis
 from redis.cluster import RedisCluster
@@ -150,6 +151,22 @@ class ClusterTopology(_Processes):
 
     def client(self) -> RedisCluster:
         return RedisCluster(host="127.0.0.1", port=self.ports[0], socket_timeout=2)
+
+    def tenants_per_master(self, prefix: str, per_master: int = 1) -> dict[int, list[str]]:
+        """``per_master`` tenant names for each master: where the store puts their keys
+        (``<prefix>:{<tenant>}:...``, state/redis.py)."""
+        found: dict[int, list[str]] = {}
+        with self.client() as client:
+            masters = {int(n.port) for n in client.get_primaries()}
+            found = {port: [] for port in masters}
+            i = 0
+            while any(len(names) < per_master for names in found.values()):
+                name = f"tenant-{i}"
+                names = found[int(client.get_node_from_key(f"{prefix}:{{{quote(name, safe='')}}}:r").port)]
+                if len(names) < per_master:
+                    names.append(name)
+                i += 1
+        return found
 
     def master_of(self, key: str) -> int:
         """The port of the master that serves ``key``'s slot."""

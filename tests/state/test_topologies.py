@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import redis
 
+from gateway.engine.store_health import StoreHealth
 from gateway.kernel.errors import ServiceUnavailable
 from gateway.kernel.settings import ConfigError, StateSettings, load_settings
 from state.factory import create_ledger, create_limiter, create_store
@@ -35,16 +36,7 @@ RPM = Check("r", "rpm", 2)
 def tenants_per_master(
     cluster: ClusterTopology, store: RedisStore, per_master: int = 2
 ) -> dict[int, list[str]]:
-    """``per_master`` tenant names for each master, found by where their response keys land."""
-    found: dict[int, list[str]] = {port: [] for port in cluster.ports}
-    i = 0
-    while any(len(names) < per_master for names in found.values()):
-        name = f"tenant-{i}"
-        names = found[cluster.master_of(store.response_key(name, "x"))]
-        if len(names) < per_master:
-            names.append(name)
-        i += 1
-    return found
+    return cluster.tenants_per_master(store.key_prefix, per_master)
 
 
 @pytest.fixture
@@ -310,3 +302,13 @@ def test_good_topology_settings() -> None:
         }
     ).state
     assert sentinel.sentinels == ["10.0.0.7:26379", "[::1]:26380"]
+
+
+async def test_store_health_pings_every_mode(target: Target, key_prefix: str) -> None:
+    store = create_store(StateSettings(**target.state(key_prefix)))
+    try:
+        health = StoreHealth(store, recheck_seconds=0.01)
+        await health.require()  # no ServiceUnavailable: the ping answered
+        assert await store.ping() is True
+    finally:
+        await store.aclose()
