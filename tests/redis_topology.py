@@ -127,6 +127,7 @@ class ClusterTopology(_Processes):
                 "--cluster-port", str(free_port()),  # not port + 10000: that may be above 65535
                 "--cluster-config-file", "nodes.conf",
                 "--cluster-node-timeout", "2000",
+                "--repl-diskless-sync-delay", "0",  # replicas in sync at once (the default waits 5 s)
             )  # fmt: skip
         for port in self.ports:
             _wait(f"cluster node {port}", lambda p=port: _ping(p))
@@ -137,6 +138,8 @@ class ClusterTopology(_Processes):
         return self
 
     def _all_ok(self) -> bool:
+        """Every node sees the whole cluster ok, and every replica is in sync (a replica that
+        never synced would not take over from its master)."""
         for port in self.ports:
             client = redis.Redis(port=port, socket_timeout=0.5)
             try:
@@ -144,6 +147,9 @@ class ClusterTopology(_Processes):
                 if info.get("cluster_state") != "ok":
                     return False
                 if int(info.get("cluster_known_nodes", 0)) != len(self.ports):
+                    return False
+                replication = client.info("replication")
+                if replication.get("role") == "slave" and replication.get("master_link_status") != "up":
                     return False
             finally:
                 client.close()
@@ -168,11 +174,43 @@ class ClusterTopology(_Processes):
                 i += 1
         return found
 
-    def master_of(self, key: str) -> int:
-        """The port of the master that serves ``key``'s slot."""
-        with self.client() as client:
-            node = client.get_node_from_key(key)
-            return int(node.port)
+    def master_of(self, key: str, ask: int | None = None) -> int:
+        """The port of the master that serves ``key``'s slot, as node ``ask`` (default: the
+        first) sees it: not a frozen one."""
+        client = redis.Redis(port=ask or self.ports[0], socket_timeout=2)
+        try:
+            slot = int(client.execute_command("CLUSTER", "KEYSLOT", key))
+            for start, end, master, *_ in client.execute_command("CLUSTER", "SLOTS"):
+                if int(start) <= slot <= int(end):
+                    return int(master[1])
+        finally:
+            client.close()
+        raise RuntimeError(f"slot {slot} is not served")
+
+    def replicas_of(self, master: int) -> list[int]:
+        """The ports of ``master``'s connected replicas (its INFO replication)."""
+        client = redis.Redis(port=master, socket_timeout=2)
+        try:
+            info: Any = client.info("replication")
+        finally:
+            client.close()
+        return [int(v["port"]) for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
+
+    def replicated(self, master: int, key: str) -> bool:
+        """Whether ``master`` has replicas and every one has ``key`` (replication is
+        asynchronous)."""
+        replicas = self.replicas_of(master)
+        if not replicas:
+            return False
+        for port in replicas:
+            client = redis.Redis(port=port, socket_timeout=2)
+            try:
+                client.execute_command("READONLY")  # a replica answers reads of its slots
+                if not client.exists(key):
+                    return False
+            finally:
+                client.close()
+        return True
 
 
 class SentinelTopology(_Processes):

@@ -226,6 +226,13 @@ async def test_wait_replicas_acknowledges_a_put_only_once_replicas_have_it(
         standalone_target(redis_url).delete_prefix(p)
 
 
+def _wait_for(ready: Any, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not ready():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
 def _is_master(port: int) -> bool:
     client = redis.Redis(port=port, socket_timeout=0.5)
     try:
@@ -312,3 +319,54 @@ async def test_store_health_pings_every_mode(target: Target, key_prefix: str) ->
         assert await store.ping() is True
     finally:
         await store.aclose()
+
+
+async def test_cluster_follows_a_replica_taking_over_a_frozen_master(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """3 masters with a replica each: a master frozen (SIGSTOP) costs its tenants fast 503s until
+    Redis promotes its replica (cluster-node-timeout 2 s), then the same client writes there."""
+    topo = ClusterTopology(masters=3, replicas=1).start()
+    store = RedisStore(cluster_target(topo).topology, key_prefix="cf", ttl_seconds=60, timeout_seconds=1.0)
+    try:
+        spread = topo.tenants_per_master("cf")
+        frozen = next(iter(spread))
+        tenant = spread[frozen][0]
+        before = make_response(tenant)
+        await store.put(before)
+        key = store.response_key(tenant, before.id)
+        _wait_for(lambda: topo.replicated(frozen, key))  # asynchronous: not yet at the ack
+        topo_replicas = topo.replicas_of(frozen)
+        topo.pause(frozen)
+        started = time.monotonic()
+        failed: list[float] = []
+        worst = 0.0
+        while True:
+            t = time.monotonic()
+            try:
+                after = make_response(tenant)
+                await store.put(after)
+                break
+            except ServiceUnavailable:
+                failed.append(time.monotonic() - started)
+                worst = max(worst, time.monotonic() - t)
+            assert time.monotonic() - started < 30, "no replica took over"
+            await asyncio.sleep(0.05)
+        healthy = next(port for port in spread if port != frozen)
+        assert topo.master_of(key, ask=healthy) in topo_replicas
+        assert await store.get(tenant, after.id) == after
+        assert await store.get(tenant, before.id) == before  # it was replicated before the freeze
+        for tenants in spread.values():  # every tenant works again, through the same client
+            r = make_response(tenants[0])
+            await _eventually(lambda r=r: store.put(r))
+            assert await store.get(r.tenant, r.id) == r
+        with capsys.disabled():
+            print(
+                f"\ncluster failover (SIGSTOP a master, node timeout 2 s, timeout_seconds 1.0): "
+                f"{len(failed)} puts failed with 503 over {failed[-1] if failed else 0:.2f} s, "
+                f"slowest {worst:.2f} s"
+            )
+        assert worst < 1.0 + 1.5
+    finally:
+        await store.aclose()
+        topo.stop()
