@@ -13,7 +13,10 @@ would need WATCH/MULTI retries, and several round trips, under contention), and 
 one round trip, whatever the number of counters. The scripts read the clock with Redis ``TIME``,
 so replicas whose clocks disagree still share one window. Every key of a tenant carries the hash
 tag ``{<tenant>}`` (the store's and the ledger's too), so on Redis Cluster they share a slot and one
-script may touch them all.
+script may touch them all (all declared in KEYS: the cluster client routes a script by them).
+Standalone ``redis://`` goes through the lean client (``state/resp.py``); TLS, Cluster and
+Sentinel through redis-py (``state/redis_client.py``), the settlement then awaited off the
+response's path (``settle_nowait`` declines).
 
 The counters (``Check.kind``):
 

@@ -34,6 +34,8 @@ async def test_tenants_on_every_master_store_continue_and_read(cluster: ClusterT
     cfg = {
         "auth": {"api_keys": [{"key": f"sk-{t}", "tenant": t} for t in tenants]},
         "state": cluster_target(cluster).state(prefix),
+        # the limiter's counters in the cluster too, each tenant's on its own master
+        "tenants": {t: {"limits": {"requests_per_minute": 4}} for t in tenants},
     }
     try:
         with serve_gateway(cfg) as s:
@@ -64,6 +66,13 @@ async def test_tenants_on_every_master_store_continue_and_read(cluster: ClusterT
                         f"/v1/responses/{first['id']}", headers={"Authorization": f"Bearer {other}"}
                     )
                     assert foreign.status_code == 404
+                    # three turns admitted (and counted) so far: one left, then a refusal
+                    last = await c.post("/v1/responses", headers=auth, json={"model": "mock", "input": "4th"})
+                    assert last.status_code == 200 and last.headers["x-ratelimit-remaining-requests"] == "0"
+                    refused = await c.post(
+                        "/v1/responses", headers=auth, json={"model": "mock", "input": "5th"}
+                    )
+                    assert refused.status_code == 429
                 ready = await c.get("/readyz")  # the store's ping: every master answers
                 assert ready.status_code == 200 and ready.json()["checks"]["state_store"] is True
     finally:
