@@ -20,6 +20,7 @@ from urllib.parse import quote
 
 import redis
 from redis.cluster import RedisCluster
+from redis.connection import parse_url
 from redis.sentinel import Sentinel
 
 from gateway.kernel.settings import StateSettings
@@ -98,8 +99,8 @@ class _Processes:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _ping(port: int) -> bool:
-    client = redis.Redis(port=port, socket_timeout=0.3, socket_connect_timeout=0.3)
+def _ping(port: int, password: str | None = None) -> bool:
+    client = redis.Redis(port=port, password=password, socket_timeout=0.3, socket_connect_timeout=0.3)
     try:
         return bool(client.ping())
     finally:
@@ -214,12 +215,16 @@ class ClusterTopology(_Processes):
 
 
 class SentinelTopology(_Processes):
-    """A master, one replica and three sentinels watching it as ``name``, quick to fail over."""
+    """A master, one replica and three sentinels watching it as ``name``, quick to fail over.
+    ``password``: the master's and replica's; ``sentinel_password``: the sentinels' own."""
 
     name = "gwmaster"
 
-    def __init__(self, down_after_ms: int = 1000) -> None:
+    def __init__(
+        self, down_after_ms: int = 1000, password: str | None = None, sentinel_password: str | None = None
+    ) -> None:
         super().__init__("redis-sentinel-")
+        self.password, self.sentinel_password = password, sentinel_password
         self.master_port, self.replica_port = free_port(), free_port()
         self.sentinel_ports = [free_port() for _ in range(3)]
         self.down_after_ms = down_after_ms
@@ -232,13 +237,15 @@ class SentinelTopology(_Processes):
     def url(self) -> str:
         """What a gateway in sentinel mode is configured with (its host names no one: the
         sentinels give the master's address)."""
-        return f"redis://{self.name}/0"
+        return f"redis://{f':{self.password}@' if self.password else ''}{self.name}/0"
 
     def start(self) -> SentinelTopology:
-        quick = ("--repl-diskless-sync-delay", "0")  # the default waits 5 s before a full sync
+        quick = ["--repl-diskless-sync-delay", "0"]  # the default waits 5 s before a full sync
+        if self.password:
+            quick += ["--requirepass", self.password, "--masterauth", self.password]
         self.spawn(self.master_port, *quick)
         self.spawn(self.replica_port, *quick, "--replicaof", "127.0.0.1", str(self.master_port))
-        _wait("the master", lambda: _ping(self.master_port))
+        _wait("the master", lambda: _ping(self.master_port, self.password))
         _wait("the replica", self._replica_synced)
         conf = (
             f"sentinel monitor {self.name} 127.0.0.1 {self.master_port} 2\n"
@@ -246,6 +253,10 @@ class SentinelTopology(_Processes):
             f"sentinel failover-timeout {self.name} 5000\n"
             f"sentinel parallel-syncs {self.name} 1\n"
         )
+        if self.password:
+            conf += f"sentinel auth-pass {self.name} {self.password}\n"
+        if self.sentinel_password:
+            conf += f"requirepass {self.sentinel_password}\n"
         # each sentinel told its own id and the others' (and the replica) up front: otherwise
         # they find each other by hello messages every 2 s, and start-up takes ~7 s
         ids = {port: os.urandom(20).hex() for port in self.sentinel_ports}
@@ -261,7 +272,7 @@ class SentinelTopology(_Processes):
         return self
 
     def _replica_synced(self) -> bool:
-        client = redis.Redis(port=self.replica_port, socket_timeout=0.5)
+        client = redis.Redis(port=self.replica_port, password=self.password, socket_timeout=0.5)
         try:
             return client.info("replication").get("master_link_status") == "up"
         finally:
@@ -270,7 +281,7 @@ class SentinelTopology(_Processes):
     def _sentinels_agree(self) -> bool:
         """Every sentinel knows the master, the replica and the two other sentinels."""
         for port in self.sentinel_ports:
-            client = redis.Redis(port=port, socket_timeout=0.5, decode_responses=True)
+            client = self._sentinel(port, decode_responses=True)
             try:
                 state: Any = client.sentinel_master(self.name)
                 if int(state["num-other-sentinels"]) != 2 or int(state["num-slaves"]) != 1:
@@ -282,7 +293,7 @@ class SentinelTopology(_Processes):
     def current_master(self) -> int:
         """The master's port, as the first sentinel that answers says."""
         for port in self.sentinel_ports:
-            client = redis.Redis(port=port, socket_timeout=0.5)
+            client = self._sentinel(port)
             try:
                 found: Any = client.sentinel_get_master_addr_by_name(self.name)
                 return int(found[1])
@@ -292,9 +303,12 @@ class SentinelTopology(_Processes):
                 client.close()
         raise RuntimeError("no sentinel answers")
 
+    def _sentinel(self, port: int, **kw: Any) -> redis.Redis:
+        return redis.Redis(port=port, password=self.sentinel_password, socket_timeout=0.5, **kw)
+
     def client(self) -> redis.Redis:
         """A plain client of the current master."""
-        return redis.Redis(port=self.current_master(), socket_timeout=2)
+        return redis.Redis(port=self.current_master(), password=self.password, socket_timeout=2)
 
 
 def topology_env_ok() -> bool:
@@ -311,6 +325,7 @@ class Target:
     url: str
     sentinels: tuple[str, ...] = ()
     sentinel_master: str | None = None
+    sentinel_password: str | None = None
 
     @property
     def topology(self) -> Topology:
@@ -321,6 +336,8 @@ class Target:
         out: dict[str, Any] = {"redis_url": self.url, "redis_mode": self.mode}
         if self.mode == "sentinel":
             out |= {"sentinels": list(self.sentinels), "sentinel_master": self.sentinel_master}
+            if self.sentinel_password:
+                out["sentinel_password"] = self.sentinel_password
         return out | ({"key_prefix": prefix} if prefix else {})
 
     def client(self) -> Any:
@@ -328,8 +345,12 @@ class Target:
         if self.mode == "cluster":
             return RedisCluster.from_url(self.url, socket_timeout=5)
         if self.mode == "sentinel":
-            sentinel = Sentinel([_host_port(s) for s in self.sentinels], socket_timeout=5)
-            return sentinel.master_for(self.sentinel_master or "", socket_timeout=5)
+            sentinel = Sentinel(
+                [_host_port(s) for s in self.sentinels],
+                sentinel_kwargs={"password": self.sentinel_password, "socket_timeout": 5},
+            )
+            password = parse_url(self.url).get("password")
+            return sentinel.master_for(self.sentinel_master or "", socket_timeout=5, password=password)
         return redis.Redis.from_url(self.url, socket_timeout=5)
 
     def delete_prefix(self, prefix: str) -> None:
@@ -355,4 +376,4 @@ def cluster_target(cluster: ClusterTopology) -> Target:
 
 
 def sentinel_target(topo: SentinelTopology) -> Target:
-    return Target("sentinel", topo.url, tuple(topo.sentinels), topo.name)
+    return Target("sentinel", topo.url, tuple(topo.sentinels), topo.name, topo.sentinel_password)

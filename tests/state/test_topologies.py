@@ -226,6 +226,33 @@ async def test_wait_replicas_acknowledges_a_put_only_once_replicas_have_it(
         standalone_target(redis_url).delete_prefix(p)
 
 
+async def test_sentinel_with_passwords_and_a_db() -> None:
+    """The master's password and db come from redis_url, the sentinels' own from
+    sentinel_password; a wrong one is a 503, never a message holding it."""
+    topo = SentinelTopology(password="m4ster-pw", sentinel_password="s3ntinel-pw").start()
+    target = sentinel_target(topo)
+    p = unique_prefix()
+    state = {**target.state(p), "redis_url": target.url.replace("/0", "/2")}
+    store = create_store(StateSettings(**state))
+    wrong = create_store(StateSettings(**{**state, "sentinel_password": "wrong-pw"}))
+    limiter = create_limiter(StateSettings(**state))
+    try:
+        r = make_response()
+        await store.put(r)
+        assert await store.get(r.tenant, r.id) == r
+        assert (await limiter.admit("t", [RPM], "a", 0)).failed is None
+        db2 = redis.Redis(port=topo.current_master(), password="m4ster-pw", db=2)
+        assert db2.exists(f"{p}:{{tenant-a}}:r:{r.id}") == 1
+        db2.close()
+        with pytest.raises(ServiceUnavailable) as info:
+            await wrong.put(make_response())
+        assert "pw" not in str(info.value)
+    finally:
+        for closing in (store, wrong, limiter):
+            await closing.aclose()
+        topo.stop()
+
+
 def _wait_for(ready: Any, seconds: float = 10.0) -> None:
     deadline = time.monotonic() + seconds
     while not ready():
