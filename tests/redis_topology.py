@@ -311,11 +311,6 @@ class SentinelTopology(_Processes):
         return redis.Redis(port=self.current_master(), password=self.password, socket_timeout=2)
 
 
-def topology_env_ok() -> bool:
-    """Whether the topologies can run here: redis-server and redis-cli on PATH."""
-    return find_redis_server() is not None and shutil.which("redis-cli") is not None and os.name == "posix"
-
-
 @dataclass(frozen=True)
 class Target:
     """One Redis a test runs against, in one mode: what the gateway is configured with

@@ -30,8 +30,10 @@ def redis_url() -> str:
 
 
 @pytest.fixture(scope="session")
-def key_prefix() -> str:
-    return redis_server.unique_prefix()
+def key_prefix(redis_url: str) -> Iterator[str]:
+    prefix = redis_server.unique_prefix()
+    yield prefix
+    redis_server.delete_prefix(redis_url, prefix)
 
 
 @pytest.fixture(scope="session")
