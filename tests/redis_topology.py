@@ -376,6 +376,23 @@ class Target:
             return sentinel.master_for(self.sentinel_master or "", socket_timeout=5, password=password)
         return redis.Redis.from_url(self.url, socket_timeout=5)
 
+    def async_client(self) -> Any:
+        """``client()``, asyncio (a ``redis.asyncio`` Redis or RedisCluster)."""
+        from redis.asyncio import Redis as AsyncRedis
+        from redis.asyncio.cluster import RedisCluster as AsyncCluster
+        from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+
+        if self.mode == "cluster":
+            return AsyncCluster.from_url(self.url, socket_timeout=5)
+        if self.mode == "sentinel":
+            sentinel = AsyncSentinel(
+                [_host_port(s) for s in self.sentinels],
+                sentinel_kwargs={"password": self.sentinel_password, "socket_timeout": 5},
+            )
+            password = parse_url(self.url).get("password")
+            return sentinel.master_for(self.sentinel_master or "", socket_timeout=5, password=password)
+        return AsyncRedis.from_url(self.url, socket_timeout=5)
+
     def delete_prefix(self, prefix: str) -> None:
         client = self.client()
         try:
