@@ -1,4 +1,5 @@
-"""Build the configured ResponseStore: Redis when ``state.redis_url`` is set, else in-process."""
+"""Build the configured ResponseStore, usage ledger and limiter: Redis (standalone, Cluster or
+Sentinel, ``state.redis_mode``) when ``state.redis_url`` is set, else in-process."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from gateway.kernel.settings import StateSettings
 from state.base import ResponseStore
 from state.limits import Limiter, MemoryLimiter
 from state.memory import MemoryStore
+from state.topology import Topology
 from state.usage import MemoryLedger, UsageLedger
 
 
@@ -14,11 +16,12 @@ def create_store(settings: StateSettings) -> ResponseStore:
         from state.redis import RedisStore  # imported only when configured: ~6 MB of RSS otherwise
 
         return RedisStore(
-            settings.redis_url.get_secret_value(),
+            Topology.from_settings(settings),
             key_prefix=settings.key_prefix,
             ttl_seconds=settings.ttl_seconds,
             timeout_seconds=settings.timeout_seconds,
             max_chain_depth=settings.max_chain_depth,
+            wait_replicas=settings.wait_replicas,
         )
     return MemoryStore(
         max_entries=settings.memory_max_entries,
@@ -41,12 +44,13 @@ def create_ledger(settings: StateSettings, store: ResponseStore) -> UsageLedger:
 
 
 def create_limiter(settings: StateSettings) -> Limiter:
-    """The tenancy limits' counters: in Redis (shared by every replica) when ``redis_url`` is set."""
+    """The tenancy limits' counters: in Redis (shared by every replica) when ``redis_url`` is set,
+    in the same topology as the store."""
     if settings.redis_url is not None:
         from state.limits import RedisLimiter
 
         return RedisLimiter(
-            settings.redis_url.get_secret_value(),
+            Topology.from_settings(settings),
             key_prefix=settings.key_prefix,
             timeout_seconds=settings.timeout_seconds,
         )

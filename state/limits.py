@@ -13,7 +13,10 @@ would need WATCH/MULTI retries, and several round trips, under contention), and 
 one round trip, whatever the number of counters. The scripts read the clock with Redis ``TIME``,
 so replicas whose clocks disagree still share one window. Every key of a tenant carries the hash
 tag ``{<tenant>}`` (the store's and the ledger's too), so on Redis Cluster they share a slot and one
-script may touch them all.
+script may touch them all (all declared in KEYS: the cluster client routes a script by them).
+Standalone ``redis://`` goes through the lean client (``state/resp.py``); TLS, Cluster and
+Sentinel through redis-py (``state/redis_client.py``), the settlement then awaited off the
+response's path (``settle_nowait`` declines).
 
 The counters (``Check.kind``):
 
@@ -40,6 +43,7 @@ from typing import Any, Literal, Protocol
 from urllib.parse import quote
 
 from state.resp import LeanRedis, pack_args
+from state.topology import Topology
 
 Kind = Literal["r", "t", "b", "c"]
 _BUCKETS = 61  # seconds of token buckets summed: the window is 60 to 61 s, never less than 60
@@ -333,44 +337,33 @@ class RedisLimiter:
 
     remote = True
 
-    def __init__(self, url: str, *, key_prefix: str, timeout_seconds: float) -> None:
+    def __init__(self, target: str | Topology, *, key_prefix: str, timeout_seconds: float) -> None:
         self.key_prefix = key_prefix
         self.timeout = timeout_seconds
+        self.topology = target if isinstance(target, Topology) else Topology(target)
         self._lean: LeanRedis | None = None
         self._client: Any = None
-        if not url.startswith("rediss://"):
-            self._lean = LeanRedis(url, timeout_seconds)  # see state/resp.py
+        if self.topology.mode == "standalone" and not self.topology.url.startswith("rediss://"):
+            self._lean = LeanRedis(self.topology.url, timeout_seconds)  # see state/resp.py
             return
-        from redis.asyncio import Redis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
+        from state.redis_client import Script, connect  # redis-py: imported only when used
 
-        self._client = Redis.from_url(
-            url,
-            socket_timeout=timeout_seconds,
-            socket_connect_timeout=timeout_seconds,
-            retry=Retry(NoBackoff(), 1),
-        )
-        # register_script: EVALSHA, falling back to EVAL (which caches it) on NOSCRIPT
-        self._scripts = {
-            _ADMIT: self._client.register_script(_ADMIT),
-            _SETTLE: self._client.register_script(_SETTLE),
-        }
+        # cluster (routed by KEYS, all of one tenant's slot), sentinel (the current master), TLS
+        self._client = connect(self.topology, timeout_seconds)
+        self._scripts = {src: Script(src) for src in (_ADMIT, _SETTLE)}
 
     async def _eval(self, source: str, keys: list[str], args: list[Any]) -> Any:
         if self._lean is not None:
             packed = pack_args(*keys, *args)
             return await self._lean.evalsha(_SHA[source], source, len(keys), len(args), packed)
-        return await self._run(self._scripts[source](keys=keys, args=args))
+        from state.redis_client import bounded
+
+        # the engine logs an outage once (gateway/engine/limits.py), not every failed call
+        call = self._scripts[source].run(self._client, keys, args)
+        return await bounded(call, self.timeout, "limiter", log_errors=False)
 
     def key(self, tenant: str, name: str) -> str:
         return f"{self.key_prefix}:{{{quote(tenant, safe='')}}}:l:{name}"
-
-    async def _run(self, call: Any) -> Any:
-        from state.redis import bounded  # redis-py: imported only for rediss://
-
-        # the engine logs an outage once (gateway/engine/limits.py), not every failed call
-        return await bounded(call, self.timeout, "limiter", log_errors=False)
 
     async def admit(self, tenant: str, checks: Sequence[Check], rid: str, tokens: int) -> Outcome:
         keys = [self.key(tenant, c.name) for c in checks]

@@ -7,25 +7,20 @@ response's ancestors and raises each one's TTL (and its item-index keys') to the
 
 from __future__ import annotations
 
-import asyncio
-import logging
+import time
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
-from hashlib import sha1
 from typing import Any, TypeVar
 from urllib.parse import quote
 
 import orjson
-from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError
+from redis.asyncio.cluster import RedisCluster
 
 from gateway.kernel.errors import ServiceUnavailable, chain_too_deep
 from state import codec
 from state.base import StoredResponse
+from state.redis_client import Client, Script, bounded, connect, ping
+from state.topology import Topology
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # KEYS[1] the response's key; ARGV[1] the tenant's response-key prefix; ARGV[2] max depth.
@@ -104,16 +99,7 @@ return 1
 """
 
 
-@dataclass(frozen=True, slots=True)
-class _Script:
-    source: str
-
-    @property
-    def sha(self) -> str:
-        return sha1(self.source.encode()).hexdigest()
-
-
-PUT, CHAIN, ITEMS, DELETE = _Script(_PUT), _Script(_CHAIN), _Script(_ITEMS), _Script(_DELETE)
+PUT, CHAIN, ITEMS, DELETE = Script(_PUT), Script(_CHAIN), Script(_ITEMS), Script(_DELETE)
 
 
 class RedisStore:
@@ -123,24 +109,24 @@ class RedisStore:
 
     def __init__(
         self,
-        url: str,
+        target: str | Topology,
         *,
         key_prefix: str = "orgw",
         ttl_seconds: int,
         timeout_seconds: float,
         max_chain_depth: int = 1000,
+        wait_replicas: int = 0,
     ) -> None:
         self.key_prefix = key_prefix
         self.ttl_ms = int(ttl_seconds * 1000)
         self.max_chain_depth = max_chain_depth  # how far a put extends ancestors' TTLs
         self.timeout = timeout_seconds
-        # one immediate retry on a fresh connection covers pooled sockets a Redis restart broke
-        self._client: Redis = Redis.from_url(
-            url,
-            socket_timeout=timeout_seconds,
-            socket_connect_timeout=timeout_seconds,
-            retry=Retry(NoBackoff(), 1),
-        )
+        self.failed_at: float | None = None  # monotonic, of the last failed call (None: it worked)
+        # a put also waits for this many replicas to have it (Redis WAIT), within half the timeout
+        self.wait_replicas = wait_replicas
+        self._wait_ms = max(1, int(timeout_seconds * 500))
+        self.topology = target if isinstance(target, Topology) else Topology(target)
+        self._client: Client = connect(self.topology, timeout_seconds)
 
     # -- keys --------------------------------------------------------------------------------
     def _base(self, tenant: str) -> str:
@@ -154,14 +140,21 @@ class RedisStore:
 
     # -- plumbing ----------------------------------------------------------------------------
     async def _call(self, awaitable: Awaitable[T]) -> T:
-        return await bounded(awaitable, self.timeout, "state store")
-
-    async def _script(self, script: _Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:
-            return await self._client.evalsha(script.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            # a restarted or flushed Redis forgot it; EVAL runs it and caches it again
-            return await self._client.eval(script.source, len(keys), *keys, *args)
+            result = await bounded(awaitable, self.timeout, "state store")
+        except ServiceUnavailable:
+            self.failed_at = time.monotonic()
+            raise
+        self.failed_at = None
+        return result
+
+    def failing(self) -> bool:
+        """The last call failed, less than a timeout ago: what may skip a wait (the ledger's
+        count at the end of a turn whose put just timed out), so that one outage costs one wait."""
+        return self.failed_at is not None and time.monotonic() - self.failed_at < self.timeout
+
+    async def _script(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return await script.run(self._client, keys, args)
 
     # -- ResponseStore -----------------------------------------------------------------------
     async def put(self, response: StoredResponse) -> None:
@@ -183,6 +176,11 @@ class RedisStore:
             f"{self._base(tenant)}i:",
             self.max_chain_depth,
         ]
+        if self.wait_replicas:
+            assert not isinstance(self._client, RedisCluster)  # refused by StateSettings
+            call = PUT.run_replicated(self._client, keys, args, self.wait_replicas, self._wait_ms)
+            await self._call(call)
+            return
         await self._call(self._script(PUT, keys, args))
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
@@ -227,40 +225,9 @@ class RedisStore:
 
     async def ping(self) -> bool:
         try:
-            return bool(await self._call(self._client.ping()))
+            return await self._call(ping(self._client))
         except ServiceUnavailable:
             return False
 
     async def aclose(self) -> None:
         await self._client.aclose()
-
-
-async def bounded(awaitable: Awaitable[T], seconds: float, what: str, *, log_errors: bool = True) -> T:
-    """Bound the whole operation by ``seconds``; a down Redis is a 503, never a hang and never a
-    message naming the server. ``what``: the store or the limiter, in the log line and message."""
-    task = asyncio.ensure_future(awaitable)
-    try:
-        done, _ = await asyncio.wait((task,), timeout=seconds)
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
-    if not done:
-        # Give up now; redis-py's own cleanup of a cancelled call can take seconds against a
-        # silent server, and the caller must not wait for it.
-        task.cancel()
-        task.add_done_callback(_consume)
-        if log_errors:
-            log.warning("%s error: %s", what, "timeout")
-        raise ServiceUnavailable(f"{what} unavailable") from None
-    try:
-        return task.result()
-    except (RedisError, OSError, TimeoutError) as exc:
-        if log_errors:
-            log.warning("%s error: %s", what, type(exc).__name__)
-        raise ServiceUnavailable(f"{what} unavailable") from None
-
-
-def _consume(task: asyncio.Future[Any]) -> None:
-    """Retrieve an abandoned call's outcome so asyncio does not log it as never retrieved."""
-    if not task.cancelled():
-        task.exception()

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 import orjson
 
+from gateway.kernel.errors import ServiceUnavailable
 from state.redis import RedisStore
 from state.usage import METRICS, RETENTION_DAYS, UsageRow
 
@@ -25,6 +26,10 @@ class RedisLedger:
         return f"{self.store._base(tenant)}u:{day}"
 
     async def add(self, tenant: str, day: str, key: str, model: str, counts: dict[str, int]) -> None:
+        if self.store.failing():
+            # the turn's put (or another call) just timed out: a count is not worth a second wait
+            # on the same Redis before the client hears of it
+            raise ServiceUnavailable("usage ledger unavailable")
         name = self.day_key(tenant, day)
         pipe = self.store._client.pipeline(transaction=False)
         for metric, n in counts.items():

@@ -16,7 +16,7 @@ import ipaddress
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, parse_qs, urlsplit
 
 import yaml
 from pydantic import (
@@ -217,9 +217,21 @@ class AuthSettings(_Strict):
         return self
 
 
+def _db(url: SplitResult) -> str:
+    """The db a redis:// URL selects: its path, or a ``db`` query parameter."""
+    return parse_qs(url.query).get("db", [url.path.strip("/")])[0]
+
+
 class StateSettings(_Strict):
     # None: in-process store
     redis_url: Annotated[SecretStr | None, _secret_url(("redis", "rediss", "unix"))] = None
+    # standalone: redis_url is the server. cluster: redis_url names any node of a Redis Cluster
+    # (db 0). sentinel: the sentinels name the master of sentinel_master; redis_url gives only the
+    # credentials, db and scheme (rediss: TLS), its host is not used
+    redis_mode: Literal["standalone", "cluster", "sentinel"] = "standalone"
+    sentinels: list[str] = []  # "host:port" of each sentinel
+    sentinel_master: str | None = None
+    sentinel_password: SecretStr | None = None  # the sentinels' own (redis_url's is the master's)
     key_prefix: str = "orgw"
     ttl_seconds: int = Field(default=30 * 24 * 3600, ge=1)
     memory_max_entries: int = Field(default=10_000, ge=1)
@@ -228,6 +240,42 @@ class StateSettings(_Strict):
     timeout_seconds: float = Field(default=2.0, gt=0)
     # how long a store health check holds before a store: true request probes again
     health_recheck_seconds: float = Field(default=1.0, gt=0)
+    # a store: true response is acknowledged only once this many replicas have it too (Redis
+    # WAIT, within half of timeout_seconds; fewer is a 503). 0: once the master has it
+    wait_replicas: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _topology(self) -> StateSettings:
+        problems: list[tuple[str, str]] = []
+        url = urlsplit(self.redis_url.get_secret_value()) if self.redis_url is not None else None
+        mode = self.redis_mode
+        if mode != "standalone":
+            if url is None:
+                problems.append(("redis_url", f"redis_mode {mode} needs a redis_url"))
+            elif url.scheme == "unix":
+                problems.append(("redis_url", f"redis_mode {mode} needs a redis:// or rediss:// URL"))
+        if mode == "cluster" and url is not None and url.scheme != "unix" and _db(url) not in ("", "0"):
+            problems.append(("redis_url", "a Redis Cluster has only db 0: end the URL with /0 or no db"))
+        if self.wait_replicas and mode == "cluster":
+            problems.append(("wait_replicas", "is not supported with redis_mode: cluster"))
+        if self.wait_replicas and url is None:
+            problems.append(("wait_replicas", "needs a redis_url (the in-process store has no replicas)"))
+        if mode == "sentinel":
+            if not self.sentinels:
+                problems.append(("sentinels", 'sentinel mode needs the sentinels, e.g. ["10.0.0.7:26379"]'))
+            if not self.sentinel_master:
+                problems.append(("sentinel_master", "sentinel mode needs the name of the master"))
+            for i, address in enumerate(self.sentinels):
+                host, sep, port = address.rpartition(":")
+                if not (sep and host.strip("[]") and port.isdigit() and 0 < int(port) < 65536):
+                    problems.append((f"sentinels.{i}", "must be host:port, e.g. 10.0.0.7:26379"))
+        else:
+            for name in ("sentinels", "sentinel_master", "sentinel_password"):
+                if getattr(self, name):
+                    problems.append((name, f"is only used with redis_mode: sentinel (it is {mode})"))
+        if problems:
+            raise _Problems(problems)
+        return self
 
 
 class Timeouts(_Strict):

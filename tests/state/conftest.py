@@ -12,6 +12,14 @@ from state.base import ResponseStore, StoredResponse
 from state.memory import MemoryStore
 from state.redis import RedisStore
 from tests import redis_server
+from tests.redis_topology import (
+    ClusterTopology,
+    SentinelTopology,
+    Target,
+    cluster_target,
+    sentinel_target,
+    standalone_target,
+)
 
 StoreFactory = Callable[..., Awaitable[ResponseStore]]
 
@@ -28,25 +36,68 @@ def key_prefix(redis_url: str) -> Iterator[str]:
     redis_server.delete_prefix(redis_url, prefix)
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[ClusterTopology]:
+    """A private 3-master Redis Cluster for the whole session."""
+    topo = ClusterTopology().start()
+    yield topo
+    topo.stop()
+
+
+@pytest.fixture(scope="session")
+def sentinel() -> Iterator[SentinelTopology]:
+    """A private master + replica + 3 sentinels for the whole session."""
+    topo = SentinelTopology().start()
+    yield topo
+    topo.stop()
+
+
+REDIS_MODES = ["redis", "cluster", "sentinel"]  # "redis": standalone (the test ids predate modes)
+
+
+def target_of(request: pytest.FixtureRequest, mode: str) -> Target:
+    """The Redis of ``mode``, started on first use; keys under ``key_prefix`` are deleted at the
+    end of the session."""
+    if mode == "cluster":
+        target = cluster_target(request.getfixturevalue("cluster"))
+    elif mode == "sentinel":
+        target = sentinel_target(request.getfixturevalue("sentinel"))
+    else:
+        target = standalone_target(request.getfixturevalue("redis_url"))
+    return target
+
+
+@pytest.fixture(scope="session", params=REDIS_MODES)
+def target(request: pytest.FixtureRequest, key_prefix: str) -> Iterator[Target]:
+    """Each Redis mode in turn."""
+    found = target_of(request, request.param)
+    yield found
+    found.delete_prefix(key_prefix)
+
+
+@pytest.fixture(params=["memory", *REDIS_MODES])
 async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFactory]:
     """Builds a store of the parametrised kind; every store built is closed afterwards."""
     made: list[ResponseStore] = []
+    prefix = request.getfixturevalue("key_prefix")
+    target = None if request.param == "memory" else target_of(request, request.param)
 
     async def factory(ttl_seconds: int = 60, **memory_kw: Any) -> ResponseStore:
         store: ResponseStore
-        if request.param == "memory":
+        if target is None:
             store = MemoryStore(ttl_seconds=ttl_seconds, **memory_kw)
         else:
-            url = request.getfixturevalue("redis_url")
-            prefix = request.getfixturevalue("key_prefix")
-            store = RedisStore(url, key_prefix=prefix, ttl_seconds=ttl_seconds, timeout_seconds=2.0)
+            store = RedisStore(
+                target.topology, key_prefix=prefix, ttl_seconds=ttl_seconds, timeout_seconds=2.0
+            )
         made.append(store)
         return store
 
     yield factory
     for store in made:
         await store.aclose()
+    if target is not None:
+        target.delete_prefix(prefix)
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import pytest
 from gateway.kernel.errors import ServiceUnavailable
 from state.limits import Check, Limiter, MemoryLimiter, RedisLimiter
 from tests.redis_server import delete_prefix, free_port, redis_url, unique_prefix
+from tests.state.conftest import REDIS_MODES, target_of
 
 RPM = Check("r", "rpm", 3)
 TPM = Check("t", "tpm", 1000)
@@ -17,18 +18,19 @@ CONC = Check("c", "conc", 2, 60_000)
 BUDGET = Check("b", "budget:x", 500, 3_600_000)
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", *REDIS_MODES])
 async def limiter(request: pytest.FixtureRequest) -> AsyncIterator[Limiter]:
     if request.param == "memory":
         yield MemoryLimiter()
         return
+    target = target_of(request, request.param)
     p = unique_prefix()
-    lim = RedisLimiter(redis_url(), key_prefix=p, timeout_seconds=2)
+    lim = RedisLimiter(target.topology, key_prefix=p, timeout_seconds=2)
     try:
         yield lim
     finally:
         await lim.aclose()
-        delete_prefix(redis_url(), p)
+        target.delete_prefix(p)
 
 
 async def test_requests_sliding_log(limiter: Limiter) -> None:

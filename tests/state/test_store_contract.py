@@ -1,5 +1,6 @@
-"""One contract for every ResponseStore (memory and real Redis), then what only one of them
-promises: the memory store's bounds, Redis's key layout, round trips, failure and recovery.
+"""One contract for every ResponseStore (memory, and real Redis standalone, Cluster and Sentinel),
+then what only one of them promises: the memory store's bounds, Redis's key layout and round trips
+(in every mode), failure and recovery (standalone).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from state.factory import create_store
 from state.memory import MemoryStore
 from state.redis import CHAIN, RedisStore
 from tests.redis_server import RedisServer, free_port
+from tests.redis_topology import Target
 from tests.state.conftest import StoreFactory, make_response, put_chain
 
 # -- the contract ---------------------------------------------------------------------------
@@ -319,15 +321,17 @@ def test_factory_picks_the_backend(redis_url: str) -> None:
 
 
 @pytest.fixture
-async def rstore(redis_url: str, key_prefix: str) -> AsyncIterator[RedisStore]:
-    store = RedisStore(redis_url, key_prefix=key_prefix, ttl_seconds=60, timeout_seconds=2.0)
+async def rstore(target: Target, key_prefix: str) -> AsyncIterator[RedisStore]:
+    """A Redis store in each mode (standalone, cluster, sentinel)."""
+    store = RedisStore(target.topology, key_prefix=key_prefix, ttl_seconds=60, timeout_seconds=2.0)
     yield store
     await store.aclose()
 
 
 @pytest.fixture
-async def raw(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_url)
+async def raw(target: Target) -> AsyncIterator[aioredis.Redis]:
+    """A plain client of the same Redis (a RedisCluster in cluster mode: every call routed)."""
+    client = target.async_client()
     yield client
     await client.aclose()
 
@@ -372,7 +376,9 @@ def round_trips(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
 
 async def test_redis_chain_is_one_round_trip(rstore: RedisStore, round_trips: list[bytes]) -> None:
     turns = await put_chain(rstore, 25)
-    await rstore.chain("tenant-a", turns[0].id, 100)  # make sure the script is cached server-side
+    # make sure the scripts are cached server-side (a fresh server answers NOSCRIPT once each)
+    await rstore.chain("tenant-a", turns[0].id, 100)
+    await rstore.get_items("tenant-a", [turns[0].output_items[0]["id"]])
     round_trips.clear()
     got = await rstore.chain("tenant-a", turns[-1].id, 100)
     assert got == turns
@@ -413,10 +419,10 @@ async def test_redis_put_extends_ancestor_and_item_ttls(rstore: RedisStore, raw:
 
 
 async def test_redis_put_extends_no_further_than_max_chain_depth(
-    redis_url: str, key_prefix: str, raw: aioredis.Redis
+    target: Target, key_prefix: str, raw: aioredis.Redis
 ) -> None:
     store = RedisStore(
-        redis_url, key_prefix=key_prefix, ttl_seconds=60, timeout_seconds=2.0, max_chain_depth=2
+        target.topology, key_prefix=key_prefix, ttl_seconds=60, timeout_seconds=2.0, max_chain_depth=2
     )
     try:
         turns = await put_chain(store, 3)

@@ -3,27 +3,33 @@ one hash per tenant and day with a retention TTL, holding only names and numbers
 
 from __future__ import annotations
 
+import asyncio
+import socket
+import time
 from collections.abc import AsyncIterator
 
 import pytest
 import redis
 
+from gateway.kernel.errors import ServiceUnavailable
 from state.redis import RedisStore
 from state.redis_usage import RedisLedger
 from state.usage import METRICS, RETENTION_DAYS, MemoryLedger, UsageLedger
 from tests.redis_server import delete_prefix, redis_url, unique_prefix
+from tests.state.conftest import REDIS_MODES, make_response, target_of
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", *REDIS_MODES])
 async def ledger(request: pytest.FixtureRequest) -> AsyncIterator[UsageLedger]:
     if request.param == "memory":
         yield MemoryLedger()
         return
+    target = target_of(request, request.param)
     p = unique_prefix()
-    store = RedisStore(redis_url(), key_prefix=p, ttl_seconds=60, timeout_seconds=2)
+    store = RedisStore(target.topology, key_prefix=p, ttl_seconds=60, timeout_seconds=2)
     yield RedisLedger(store)
     await store.aclose()
-    delete_prefix(redis_url(), p)
+    target.delete_prefix(p)
 
 
 async def test_rows_add_up_per_tenant_day_key_and_model(ledger: UsageLedger) -> None:
@@ -61,3 +67,29 @@ async def test_a_redis_day_is_one_hash_with_the_retention_ttl() -> None:
         client.close()
         await store.aclose()
         delete_prefix(redis_url(), p)
+
+
+async def test_a_count_right_after_a_failed_store_call_does_not_wait_again() -> None:
+    """The end of a turn whose put just timed out: the ledger fails at once (the count is lost,
+    logged by the engine), instead of making the client wait a second timeout."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts, never answers
+    store = RedisStore(
+        f"redis://127.0.0.1:{silent.getsockname()[1]}/0", key_prefix="x", ttl_seconds=60, timeout_seconds=0.5
+    )
+    try:
+        with pytest.raises(ServiceUnavailable):
+            await store.put(make_response())
+        started = time.monotonic()
+        with pytest.raises(ServiceUnavailable):
+            await RedisLedger(store).add("t", "2026-12-01", "k", "m", {"requests": 1})
+        assert time.monotonic() - started < 0.1
+        await asyncio.sleep(0.6)  # a timeout later it tries again (and waits again)
+        started = time.monotonic()
+        with pytest.raises(ServiceUnavailable):
+            await RedisLedger(store).add("t", "2026-12-01", "k", "m", {"requests": 1})
+        assert time.monotonic() - started >= 0.4
+    finally:
+        await store.aclose()
+        silent.close()
