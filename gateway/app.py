@@ -197,7 +197,7 @@ def create_app(
             url=getattr(app.state, "url", None),  # set by the CLI, which knows where it listens
             auth=gateway.auth.enabled,
             models=gateway.router.model_names(),
-            store="redis" if settings.state.redis_url else "memory",
+            store=f"redis ({settings.state.redis_mode})" if settings.state.redis_url else "memory",
             tracing=gateway.tracer.enabled,
         )
         try:
