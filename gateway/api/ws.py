@@ -43,6 +43,10 @@ log = structlog.get_logger("gateway.ws")
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
 CLOSE_INTERNAL_ERROR = 1011
+# A send that does not block (the client keeps up) never yields to the event loop, and an upstream
+# whose bytes are already buffered does not either: every 64 events the turn yields once, so that
+# the socket's reader (a steer, a disconnect) and the other lanes run even then.
+_YIELD_EVERY = 63
 # Real clients (the openai SDKs) send stream: true and stream_options on a WebSocket create too.
 _IGNORED_KEYS = ("type", "stream", "stream_options")
 
@@ -149,6 +153,7 @@ class Connection:
         self._worker: asyncio.Task[None] | None = None  # the supervisor
         self._tasks: set[asyncio.Task[None]] = set()  # the lanes' tasks
         self.since = 0.0  # a send in progress since (gateway/api/stall.py)
+        self.sent = 0  # events sent, all lanes
 
     @property
     def busy(self) -> bool:
@@ -427,6 +432,9 @@ class Connection:
         self.since = time.monotonic()
         await self.ws.send({"type": "websocket.send", "text": ws_text(event)})
         self.since = 0.0
+        self.sent += 1
+        if not self.sent & _YIELD_EVERY:
+            await asyncio.sleep(0)
 
     def _lane_emit(self, sid: str) -> Emit:
         """``_emit`` for lane ``sid``: each event gets its ``stream_id`` as it is encoded."""
@@ -437,6 +445,9 @@ class Connection:
             self.since = time.monotonic()
             await send({"type": "websocket.send", "text": ws_text(event)})
             self.since = 0.0
+            self.sent += 1
+            if not self.sent & _YIELD_EVERY:
+                await asyncio.sleep(0)
 
         return emit
 
