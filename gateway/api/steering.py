@@ -196,7 +196,7 @@ class SteerBook:
         """The target's turn is over (its terminal event sent): what its queued input becomes.
         ``closing``: the socket is draining or past its age limit (no successor may start)."""
         result = target.result
-        data, target.data, target.turn = target.data, None, None
+        data, target.data, target.turn, target.result = target.data, None, None, None
         subs, target.queue = target.queue, []
         ended = result is not None and result.ended
         target.stubs = required_input(result.output) if result is not None and ended else []

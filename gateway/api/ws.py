@@ -155,10 +155,6 @@ class Connection:
         self.since = 0.0  # a send in progress since (gateway/api/stall.py)
         self.sent = 0  # events sent, all lanes
 
-    @property
-    def busy(self) -> bool:
-        return self.running > 0
-
     # -- lifecycle -----------------------------------------------------------------------------
     async def serve(self) -> None:
         worker = self._worker = asyncio.create_task(self._work())
