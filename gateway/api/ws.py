@@ -141,7 +141,6 @@ class Connection:
         self.max_lanes = limits.ws_max_lanes
         self.queue_size = limits.ws_queue_size
         self.pending = 0  # admitted creates not yet finished, all lanes (queued + in flight)
-        self.running = 0  # turns in flight
         self.frame_limit = limits.max_ws_frame_bytes
         self.deadline = asyncio.get_running_loop().time() + limits.ws_connection_seconds
         self.limit_minutes = limits.ws_connection_seconds / 60
@@ -289,7 +288,6 @@ class Connection:
         loop = asyncio.get_running_loop()
         try:
             while lane.jobs and not self.draining and loop.time() < self.deadline:
-                self.running += 1
                 try:
                     target = await self._turn(lane.key, lane.jobs[0])
                     while target is not None:  # steered: its successor runs next, on this lane
@@ -301,7 +299,6 @@ class Connection:
                     with contextlib.suppress(Exception):
                         await self._send(ws_text(tagged(self._crashed().ws_envelope(), lane.key)))
                 finally:
-                    self.running -= 1
                     lane.jobs.popleft()
                     self.pending -= 1
         finally:
