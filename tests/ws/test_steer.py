@@ -30,7 +30,7 @@ TOOL = {
 }
 ARGS = ['{"ci', 'ty": ', '"Par', 'is"}']
 
-Script = list[Delta] | UpstreamError
+Script = list[Delta | float] | UpstreamError  # a float: a pause of that many seconds
 
 
 def words(n: int) -> list[Delta]:
@@ -70,6 +70,9 @@ class Paced:
         self.started.set()
         try:
             for delta in script:
+                if isinstance(delta, float):
+                    await asyncio.sleep(delta)
+                    continue
                 yield delta
                 await asyncio.sleep(self.delay)
         finally:
@@ -206,6 +209,31 @@ async def test_several_steers_before_the_successor_all_go_into_it_in_order(gw: S
     assert [e["type"] for e in events].count("response.created") == 1
     steering = paced.requests[1].items[2:]
     assert [text_of(i) for i in steering] == ["one", "two"]
+
+
+async def test_a_steer_that_arrives_while_the_successor_is_created_steers_the_successor(
+    gw: ServedApp,
+) -> None:
+    paced = Paced(words(40), [0.8, *words(30)], words(2), delay=0.15)  # the successor is slow to open
+    name = model(gw, paced)
+    async with ws_connect(gw) as ws:
+        first = await first_created(ws, model=name, input="Go.", store=False)
+        await until(ws, typed("response.output_text.delta"))
+        await ws.send(steer(first["id"], "one"))
+        await until(ws, typed("response.incomplete"))
+        await ws.send(steer(first["id"], "two"))  # the successor is not created yet
+        events = await until(ws, typed("response.completed"))
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "response.steer.accepted"
+    successor = events[kinds.index("response.created")]["response"]
+    assert successor["previous_response_id"] == first["id"]
+    [cut] = [e["response"] for e in events if e["type"] == "response.incomplete"]
+    assert cut["id"] == successor["id"] and cut["incomplete_details"] == {"reason": "steered"}
+    assert cut["output"] == []  # stopped before its first delta
+    final = events[-1]["response"]
+    assert final["previous_response_id"] == successor["id"]
+    assert [text_of(i) for i in paced.requests[1].items if i.get("role") == "user"] == ["Go.", "one"]
+    assert [text_of(i) for i in paced.requests[2].items if i.get("role") == "user"] == ["Go.", "one", "two"]
 
 
 async def test_steer_on_a_lane_with_store_true_is_stored_incomplete_and_chained(gw: ServedApp) -> None:
