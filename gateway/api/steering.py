@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 Event = dict[str, Any]
 _FIELDS = frozenset({"type", "previous_response_id", "input"})
-_KEEP = 256  # finished responses remembered per socket (to tell "completed" from "not found")
+_KEEP = 128  # finished responses remembered per socket (to tell "completed" from "not found")
+_KEEP_AWAITING = 64  # responses kept waiting for tool results that may never come
 
 ACTIVE = "active"  # its turn is running
 HANDOFF = "handoff"  # its queued input is going to a successor that is not created yet
@@ -85,12 +86,14 @@ class Handoff:
 
 
 class SteerBook:
-    __slots__ = ("_seq", "max_items", "max_pending", "targets")
+    __slots__ = ("_seq", "finished", "max_items", "max_pending", "targets")
 
     def __init__(self, max_pending: int, max_items: int) -> None:
         self.max_pending = max_pending
         self.max_items = max_items
-        self.targets: OrderedDict[str, Target] = OrderedDict()
+        self.targets: OrderedDict[str, Target] = OrderedDict()  # active, handoff, awaiting
+        # the latest done with (completed | closed): a few bytes each, not a Target
+        self.finished: OrderedDict[str, tuple[str, str | None]] = OrderedDict()
         self._seq = 0
 
     # -- events ----------------------------------------------------------------------------------
@@ -140,8 +143,9 @@ class SteerBook:
         prev = data.get("previous_response_id")
         raw = data.get("input")
         target = self.targets.get(prev) if isinstance(prev, str) else None
+        done = self.finished.get(prev) if isinstance(prev, str) and target is None else None
         shown = prev if isinstance(prev, str) else ""
-        sid = target.stream_id if target is not None else None
+        sid = target.stream_id if target is not None else done[1] if done is not None else None
         extra = sorted(k for k in data if k not in _FIELDS)
         try:
             if extra:
@@ -157,16 +161,16 @@ class SteerBook:
             items = steer_items(raw, self.max_items)
         except InvalidRequest as exc:
             return [self.failed("invalid_input", exc.message, shown, raw, stream_id=sid)]
+        if done is not None:
+            if done[0] == COMPLETED:
+                msg = "The response has completed and no longer accepts steering input."
+                return [self.failed("response_already_completed", msg, prev, raw, stream_id=sid)]
+            msg = "The response is no longer accepting steering input."
+            return [self.failed("response_not_active", msg, prev, raw, stream_id=sid)]
         if target is None:
             msg = f"Response '{prev[:100]}' is not available on this connection."
             return [self.failed("response_not_found", msg, prev, raw)]
         state = target.state
-        if state == COMPLETED:
-            msg = "The response has completed and no longer accepts steering input."
-            return [self.failed("response_already_completed", msg, prev, raw, stream_id=sid)]
-        if state == CLOSED:
-            msg = "The response is no longer accepting steering input."
-            return [self.failed("response_not_active", msg, prev, raw, stream_id=sid)]
         if len(target.queue) + len(target.late) >= self.max_pending:
             msg = f"At most {self.max_pending} steering inputs may be pending for one response."
             return [self.failed("too_many_pending_steers", msg, prev, raw, stream_id=sid)]
@@ -203,12 +207,14 @@ class SteerBook:
         if not subs:
             if target.stubs:
                 target.state = AWAITING
+                self._prune()
             else:
-                target.state = COMPLETED if result is not None and result.status == "completed" else CLOSED
-            self._prune()
+                self._finish(
+                    target, COMPLETED if result is not None and result.status == "completed" else CLOSED
+                )
             return [], None
         if not ended:
-            target.state = CLOSED
+            self._finish(target, CLOSED)
             status = result.status if result is not None else "failed"
             msg = f"The response ended {status} before the steering input could be applied."
             return self._returned(target, subs, "response_not_active", msg), None
@@ -217,7 +223,7 @@ class SteerBook:
             target.queue = subs
             return [self.pending(target, s) for s in subs if not s.notified], None
         if closing or data is None:
-            target.state = CLOSED
+            self._finish(target, CLOSED)
             msg = "The successor response could not be created: the connection is closing."
             return self._returned(target, subs, "successor_creation_failed", msg), None
         target.state = HANDOFF
@@ -238,14 +244,13 @@ class SteerBook:
         """The new response's ``response.created`` is going out: the input is committed. Input
         accepted meanwhile steers the new response in turn."""
         parent = handoff.parent
-        parent.state = CLOSED
+        self._finish(parent, CLOSED)
         parent.data = None
         late, parent.late = parent.late, []
         if late:
             successor.queue.extend(late)
             assert successor.turn is not None
             successor.turn.stop("steered")
-        self._prune()
 
     def abandon(self, handoff: Handoff, err: GatewayError) -> list[Event]:
         """The new response was not created: its input is returned. A client's continuation may be
@@ -254,17 +259,24 @@ class SteerBook:
         parent.data = None
         subs = handoff.subs + parent.late
         parent.late = []
-        parent.state = CLOSED if handoff.automatic else AWAITING
+        if handoff.automatic:
+            self._finish(parent, CLOSED)
+        else:
+            parent.state = AWAITING
         msg = f"The successor response could not be created: {err.message}"
         return self._returned(parent, subs, "successor_creation_failed", msg)
 
+    def _finish(self, target: Target, state: str) -> None:
+        """``target`` is done with: only its final state (and lane) is kept, among the latest."""
+        target.state = state
+        self.targets.pop(target.id, None)
+        self.finished[target.id] = (state, target.stream_id)
+        if len(self.finished) > _KEEP:
+            self.finished.popitem(last=False)
+
     def _prune(self) -> None:
-        """Forget the oldest finished responses beyond ``_KEEP`` (live ones are never forgotten)."""
-        if len(self.targets) <= _KEEP:
-            return
-        for key in [
-            k
-            for k, t in self.targets.items()
-            if t.state in (COMPLETED, CLOSED) or (t.state == AWAITING and not t.queue)
-        ][: len(self.targets) - _KEEP]:
-            del self.targets[key]
+        """Past ``_KEEP_AWAITING`` responses waiting for tool results with nothing queued, the
+        oldest are given up on (a later steer of one: ``response_not_active``)."""
+        idle = [t for t in self.targets.values() if t.state == AWAITING and not t.queue]
+        for target in idle[: max(0, len(idle) - _KEEP_AWAITING)]:
+            self._finish(target, CLOSED)

@@ -1,21 +1,24 @@
 """The engine's part of steering, in process: ``ResponseBuilder.interrupt`` (the one place a response
 ends at a safe boundary), ``Turn.stop`` (a text stream stops at once, even mid-wait on the upstream;
 a call's arguments finish first; a real cancellation is never mistaken for the stop's own), and
-the steering input rules (``gateway/engine/steer.py``)."""
+the steering input rules (``gateway/engine/steer.py``), and the socket's bounded book of
+steerable responses (``gateway/api/steering.py``)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
 from adapters.base import UpstreamRequest
 from adapters.deltas import Delta, Finish, TextDelta, ToolCallArgsDelta, ToolCallStart, Usage
+from gateway.api.steering import SteerBook
 from gateway.engine.builder import ResponseBuilder
 from gateway.engine.steer import required_input, steer_items, with_steering
-from gateway.engine.turn import Turn
+from gateway.engine.turn import Turn, TurnResult
 from gateway.kernel.errors import IllegalTransition, InvalidRequest
 from tests.engine.test_turn import Scripted, make_turn, route
 
@@ -224,3 +227,30 @@ def test_steering_goes_after_the_tool_results_that_open_a_continuation() -> None
         {"type": "message", "role": "user", "content": "own"},
     ]
     assert with_steering(None, steering) == steering
+
+
+# -- the socket's book of steerable responses -------------------------------------------------------
+def test_the_book_keeps_a_bounded_memory_of_finished_and_waiting_responses() -> None:
+    book = SteerBook(max_pending=8, max_items=100)
+    call = {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}
+    for n in range(300):
+        target = book.open(f"resp_{n}", "lane" if n % 2 else None, cast(Turn, None), {})
+        waits = n >= 200  # the last hundred stop for a tool result that never comes
+        target.result = cast(
+            TurnResult, SimpleNamespace(ended=True, status="completed", output=[call] if waits else [])
+        )
+        assert book.settle(target, closing=False) == ([], None)
+    assert len(book.finished) == 128 and len(book.targets) == 64
+
+    def code(rid: str) -> tuple[str, str | None]:
+        [event] = book.submit({"type": "response.steer", "previous_response_id": rid, "input": "x"})
+        return event.get("error", {}).get("code", event["type"]), event.get("stream_id")
+
+    assert code("resp_0") == ("response_not_found", None)  # forgotten
+    assert code("resp_199") == ("response_already_completed", "lane")
+    assert code("resp_200") == ("response_not_active", None)  # given up on (the oldest waiting)
+    accepted, pending = book.submit(
+        {"type": "response.steer", "previous_response_id": "resp_299", "input": "x"}
+    )
+    assert (accepted["type"], pending["type"]) == ("response.steer.accepted", "response.steer.pending")
+    assert accepted["stream_id"] == "lane" and pending["required_input"][0]["call_id"] == "c"
