@@ -254,3 +254,33 @@ def test_the_book_keeps_a_bounded_memory_of_finished_and_waiting_responses() -> 
     )
     assert (accepted["type"], pending["type"]) == ("response.steer.accepted", "response.steer.pending")
     assert accepted["stream_id"] == "lane" and pending["required_input"][0]["call_id"] == "c"
+
+
+def test_steering_of_a_response_that_completes_anyway_goes_to_a_successor() -> None:
+    book = SteerBook(max_pending=8, max_items=100)
+
+    class Late:  # a turn whose outcome was already decided when the steer came
+        def stop(self, reason: str) -> bool:
+            return False
+
+    data = {"model": "m", "input": "first", "instructions": "be brief", "tools": []}
+    target = book.open("resp_a", "s", cast(Turn, Late()), data)
+    [accepted] = book.submit({"type": "response.steer", "previous_response_id": "resp_a", "input": "more"})
+    target.result = cast(TurnResult, SimpleNamespace(ended=True, status="completed", output=[]))
+    events, handoff = book.settle(target, closing=False)
+    assert events == [] and handoff is not None and handoff.automatic
+    assert handoff.successor() == {
+        "model": "m",
+        "input": [{"type": "message", "role": "user", "content": "more"}],
+        "instructions": "be brief",
+        "tools": [],
+        "type": "response.create",
+        "previous_response_id": "resp_a",
+    }
+    # closing instead (drain, age limit): the input comes back
+    other = book.open("resp_b", None, cast(Turn, Late()), data)
+    book.submit({"type": "response.steer", "previous_response_id": "resp_b", "input": "more"})
+    other.result = cast(TurnResult, SimpleNamespace(ended=True, status="completed", output=[]))
+    [failed], none = book.settle(other, closing=True)
+    assert none is None and failed["error"]["code"] == "successor_creation_failed"
+    assert failed["steer"]["input"] == "more" and accepted["steer"]["id"] != failed["steer"]["id"]
