@@ -1,5 +1,6 @@
 """The WebSocket transport on /v1/responses: authenticate at the upgrade, then run one turn per
-``response.create`` (FIFO, one in flight), each event one JSON text frame, with the
+``response.create``, FIFO per lane (``stream_id``, gateway/api/lanes.py), lanes side by side; each
+event one JSON text frame; ``response.steer`` (gateway/api/steering.py); with the
 connection-local cache, the connection age limit, disconnect cancellation and shutdown drain."""
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from gateway.api.common import RequestLog, error_response
 from gateway.api.encode import ws_bytes, ws_text
 from gateway.api.frames import TERMINAL_EVENTS, FrameWriter
+from gateway.api.lanes import Job, Lane, lane_of, tagged
 from gateway.api.stall import StallWatch, abort_transport
+from gateway.api.steering import Handoff, SteerBook, Target
 from gateway.engine.auth import Principal
 from gateway.engine.orchestrator import Gateway
-from gateway.engine.turn import TurnResult
+from gateway.engine.steer import with_steering
+from gateway.engine.turn import Emit, TurnResult
 from gateway.engine.validate import create_request
 from gateway.kernel.errors import (
     ConnectionLimitReached,
@@ -37,10 +41,13 @@ from state.connection import ConnectionCache
 
 log = structlog.get_logger("gateway.ws")
 
-Job = str | GatewayError  # a raw text frame, or the error a bad frame already earned
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
 CLOSE_INTERNAL_ERROR = 1011
+# A send that does not block (the client keeps up) never yields to the event loop, and an upstream
+# whose bytes are already buffered does not either: every 64 events the turn yields once, so that
+# the socket's reader (a steer, a disconnect) and the other lanes run even then.
+_YIELD_EVERY = 63
 # Real clients (the openai SDKs) send stream: true and stream_options on a WebSocket create too.
 _IGNORED_KEYS = ("type", "stream", "stream_options")
 _SPAN_ATTRS = {"gen_ai.operation.name": "chat", "gateway.transport": "websocket"}
@@ -65,7 +72,7 @@ class WebSocketHub:
             self._empty.set()
 
     async def drain(self, seconds: float) -> None:
-        """Refuse new sockets; idle ones close now, busy ones after their in-flight turn; any
+        """Refuse new sockets; idle ones close now, busy ones after their in-flight turns; any
         still open after ``seconds`` are cut. All close with 1001."""
         self.draining = True
         if not self.connections:
@@ -118,8 +125,10 @@ async def responses_socket(websocket: WebSocket) -> None:
 
 
 class Connection:
-    """One accepted socket: the handler's task reads every frame at once (so a disconnect is seen
-    mid-turn) into a bounded FIFO; one worker task runs the turns in order."""
+    """One accepted socket. The handler's task reads every frame at once (so a disconnect or a
+    steer is seen mid-turn): a ``response.steer`` is answered there; a create joins its lane's
+    FIFO (bounded across lanes), whose task runs the lane's turns in order. A supervisor task
+    holds the age limit and the drain, and closes the socket."""
 
     def __init__(self, websocket: WebSocket, gw: Gateway, principal: Principal, metrics: Metrics) -> None:
         limits = gw.settings.limits
@@ -129,47 +138,58 @@ class Connection:
         self.metrics = metrics
         self.id = new_id("ws")
         self.cache = ConnectionCache(limits.ws_cache_entries)
-        # A list and a future rather than an asyncio.Queue: a few KiB less per idle socket.
-        self.inbox: list[Job] = []
+        self.book = SteerBook(limits.ws_max_pending_steers, limits.max_input_elements)
+        self.lanes: dict[str | None, Lane] = {}  # lanes with admitted jobs
+        self.max_lanes = limits.ws_max_lanes
         self.queue_size = limits.ws_queue_size
-        self.pending = 0  # admitted creates not yet finished (queued + in flight)
+        self.pending = 0  # admitted creates not yet finished, all lanes (queued + in flight)
         self.frame_limit = limits.max_ws_frame_bytes
         self.deadline = asyncio.get_running_loop().time() + limits.ws_connection_seconds
         self.limit_minutes = limits.ws_connection_seconds / 60
-        self.busy = False
         self.draining = False
+        self.expired = False  # past the age limit: no turn starts any more
         self.client_gone = False
         self.closed = False  # we have sent the close frame
-        self._wake: asyncio.Future[None] | None = None
-        self._worker: asyncio.Task[None] | None = None
+        self._wake: asyncio.Future[None] | None = None  # the supervisor waits: drain, or lanes idle
+        self._worker: asyncio.Task[None] | None = None  # the supervisor
+        self._tasks: set[asyncio.Task[None]] = set()  # the lanes' tasks
         self.since = 0.0  # a send in progress since (gateway/api/stall.py)
         self.affinity: str | None = None  # keeps the connection's turns on one deployment
         self.frames = FrameWriter(websocket, self)  # the send path: events' frames (gateway/api/frames.py)
+        self.sent = 0  # events sent, all lanes
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def serve(self) -> None:
         worker = self._worker = asyncio.create_task(self._work())
         try:
-            await self._read()  # until the client goes, or the worker has closed the socket
+            await self._read()  # until the client goes, or the supervisor has closed the socket
         finally:
             self.client_gone = not self.closed
             if self.client_gone:
-                # Cancelling the worker cancels the turn, whose event generator closes the adapter
+                # Cancelling a lane cancels its turn, whose event generator closes the adapter
                 # stream (and with it the upstream request) on the way out.
-                worker.cancel()
-            await asyncio.gather(worker, return_exceptions=True)
+                self._cancel()
+            await asyncio.gather(worker, *self._tasks, return_exceptions=True)
             self.cache.clear()
 
-    def begin_drain(self) -> None:
-        """Shutdown: finish the in-flight turn (if any), start no other, then close with 1001."""
-        self.draining = True
-        if not self.busy and self._worker is not None:
+    def _cancel(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self._worker is not None:
             self._worker.cancel()
+
+    def _poke(self) -> None:
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
+    def begin_drain(self) -> None:
+        """Shutdown: finish the turns in flight (if any), start no other, then close with 1001."""
+        self.draining = True
+        self._poke()
 
     def abort(self) -> None:
         self.draining = True
-        if self._worker is not None:
-            self._worker.cancel()
+        self._cancel()
 
     async def _close(self, code: int, reason: str = "") -> None:
         if self.closed or self.client_gone:
@@ -189,12 +209,11 @@ class Connection:
         self.since = 0.0
 
     def stalled(self) -> None:
-        """The client stopped reading: cancel the turn (and its upstream call), drop the socket
+        """The client stopped reading: cancel the turns (and their upstream calls), drop the socket
         (no close frame: it could not be delivered)."""
         self.closed = True
         self.draining = True
-        if self._worker is not None:
-            self._worker.cancel()
+        self._cancel()
         abort_transport(self.ws._send)
 
     # -- reading -------------------------------------------------------------------------------
@@ -214,67 +233,123 @@ class Connection:
             elif len(text) > limit // 4 and len(text.encode()) > limit:
                 job = PayloadTooLarge(f"The message exceeds the limit of {limit} bytes.")
             else:
-                job = text
-            if self.pending > self.queue_size:
-                err = RateLimited(
-                    f"Too many messages queued on this connection (at most {self.queue_size} wait "
-                    "behind the response in flight); this one was dropped.",
-                    code="websocket_queue_full",
-                )
-                with contextlib.suppress(WebSocketDisconnect, RuntimeError):
-                    await self._send(ws_text(err.ws_envelope()))
-                continue
-            self.pending += 1
-            self.inbox.append(job)
-            if self._wake is not None and not self._wake.done():
-                self._wake.set_result(None)
+                job = _decode(text)
+            key: str | None = None
+            if isinstance(job, dict):
+                if job.get("type") == "response.steer":
+                    await self._steer(job)
+                    continue
+                try:
+                    key = lane_of(job)
+                except InvalidRequest as err:
+                    job = err
+            await self._admit(key, job)
 
-    async def _next(self) -> Job | None:
-        """The next admitted frame, or None once the connection has reached its age limit."""
-        while not self.inbox:
-            self._wake = asyncio.get_running_loop().create_future()
-            try:
-                async with asyncio.timeout_at(self.deadline):
-                    await self._wake
-            except TimeoutError:
-                return None
-            finally:
-                self._wake = None
-        return self.inbox.pop(0)
+    async def _admit(self, key: str | None, job: Job) -> None:
+        """Queue ``job`` on lane ``key``, or answer the envelope of a full queue or lane table."""
+        if self.draining or self.expired:
+            return  # the socket is closing: nothing more starts
+        lane = self.lanes.get(key)
+        err: GatewayError | None = None
+        if lane is None and len(self.lanes) >= self.max_lanes:
+            err = RateLimited(
+                f"Too many lanes busy on this connection (at most {self.max_lanes} stream_ids run at "
+                "once); this message was dropped.",
+                code="websocket_lane_limit",
+            )
+        elif lane is not None and self.pending - len(self.lanes) >= self.queue_size:
+            err = RateLimited(
+                f"Too many messages queued on this connection (at most {self.queue_size} wait "
+                "behind the response in flight); this one was dropped.",
+                code="websocket_queue_full",
+            )
+        if err is not None:
+            with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+                await self._send(ws_text(tagged(err.ws_envelope(), key)))
+            return
+        if lane is None:
+            lane = self.lanes[key] = Lane(key)
+        self.pending += 1
+        lane.jobs.append(job)
+        if lane.task is None:
+            lane.task = asyncio.create_task(self._lane(lane))
+            self._tasks.add(lane.task)
+            lane.task.add_done_callback(self._tasks.discard)
 
-    # -- the worker ----------------------------------------------------------------------------
+    async def _steer(self, data: dict[str, Any]) -> None:
+        events = self.book.submit(data)
+        log.info(
+            "websocket_steer",
+            connection_id=self.id,
+            outcome=events[-1]["type"],
+            code=events[-1].get("error", {}).get("code"),
+        )
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+            for event in events:
+                await self._send(ws_text(event))
+
+    # -- the lanes -----------------------------------------------------------------------------
+    async def _lane(self, lane: Lane) -> None:
+        """Run the lane's jobs in order; the lane ends when it has none left (or nothing may start)."""
+        loop = asyncio.get_running_loop()
+        try:
+            while lane.jobs and not self.draining and loop.time() < self.deadline:
+                try:
+                    target = await self._turn(lane.key, lane.jobs[0])
+                    while target is not None:  # steered: its successor runs next, on this lane
+                        target = await self._settled(lane.key, target)
+                except WebSocketDisconnect:
+                    return
+                except Exception:
+                    # A bug in one turn must not take the socket and the turns queued behind it.
+                    with contextlib.suppress(Exception):
+                        await self._send(ws_text(tagged(self._crashed().ws_envelope(), lane.key)))
+                finally:
+                    lane.jobs.popleft()
+                    self.pending -= 1
+        finally:
+            # No await before this: the reader must not queue on a lane whose task has ended.
+            self.pending -= len(lane.jobs)  # never run: the socket is closing
+            lane.jobs.clear()
+            if self.lanes.get(lane.key) is lane:
+                del self.lanes[lane.key]
+            if not self.lanes:
+                self._poke()
+
+    async def _settled(self, sid: str | None, target: Target) -> Target | None:
+        """After a turn: its queued steering's pending or failed events, or its successor's turn."""
+        closing = self.draining or asyncio.get_running_loop().time() >= self.deadline
+        events, handoff = self.book.settle(target, closing)
+        for event in events:
+            await self._send(ws_text(event))
+        if handoff is None:
+            return None
+        return await self._turn(sid, handoff.successor(), handoff)
+
+    # -- the supervisor ------------------------------------------------------------------------
     async def _work(self) -> None:
         loop = asyncio.get_running_loop()
         code = CLOSE_GOING_AWAY
         try:
-            while not self.draining:
-                job = await self._next()
-                if self.draining:
-                    break
-                if job is None or loop.time() >= self.deadline:
-                    # The in-flight turn (if any) has finished; idle or not, the socket ends here.
-                    await self._limit_reached()
-                    return
-                self.busy = True
-                try:
-                    with self.ws.app.state.live.hold() as gw:  # the turn keeps it; a reload may swap it
-                        await self._turn(job, gw)
-                except WebSocketDisconnect:
-                    raise
-                except Exception:
-                    # A bug in one turn must not take the socket and the turns queued behind it.
-                    with contextlib.suppress(Exception):
-                        await self._send(ws_text(self._crashed().ws_envelope()))
-                finally:
-                    self.busy = False
-                    self.pending -= 1
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(self.deadline):
+                    while not self.draining:
+                        self._wake = loop.create_future()
+                        await self._wake
+            self.expired = not self.draining
+            while self.lanes:  # the turns in flight finish; nothing else starts
+                self._wake = loop.create_future()
+                await self._wake
+            if self.expired and not self.draining:
+                await self._limit_reached()
         except WebSocketDisconnect:
             return
         except Exception:
             log.exception("websocket_worker_crashed", connection_id=self.id)
             code = CLOSE_INTERNAL_ERROR
         finally:
-            # Drain (and cancellation by drain) ends here too: the close lets the reader finish.
+            self._wake = None
+            # Drain (and cancellation) ends here too: the close lets the reader finish.
             await self._close(code, "server shutting down" if code == CLOSE_GOING_AWAY else "")
 
     async def _limit_reached(self) -> None:
@@ -286,25 +361,41 @@ class Connection:
             await self._send(ws_text(err.ws_envelope()))
         await self._close(CLOSE_NORMAL, "connection limit reached")
 
-    async def _turn(self, job: Job, gw: Gateway) -> None:
-        rlog = RequestLog(cast(Request, self.ws), "websocket")
-        # the turn's span (a no-op unless tracing is on), the child of the upgrade's traceparent
-        with gw.tracer.server("websocket response.create", self.ws.headers, _SPAN_ATTRS) as span:
-            rlog.span = span
-            await self._run_turn(job, rlog, gw)
+    # -- one turn ------------------------------------------------------------------------------
+    async def _turn(self, sid: str | None, job: Job, handoff: Handoff | None = None) -> Target | None:
+        """Run one create on lane ``sid``. ``handoff``: queued steering it commits (an automatic
+        successor's, or found here for a client's continuation). → the response's steering
+        target, or None when no response came of it. The turn holds the gateway current when it
+        starts (a reload may swap it meanwhile)."""
+        with self.ws.app.state.live.hold() as gw:
+            rlog = RequestLog(cast(Request, self.ws), "websocket")
+            # the turn's span (a no-op unless tracing is on), the child of the upgrade's traceparent
+            with gw.tracer.server("websocket response.create", self.ws.headers, _SPAN_ATTRS) as span:
+                rlog.span = span
+                return await self._run_turn(sid, job, handoff, rlog, gw)
 
-    async def _run_turn(self, job: Job, rlog: RequestLog, gw: Gateway) -> None:
+    async def _run_turn(
+        self, sid: str | None, job: Job, handoff: Handoff | None, rlog: RequestLog, gw: Gateway
+    ) -> Target | None:
         rlog.fields["request_id"] = new_id("req")
         rlog.fields["connection_id"] = self.id
+        if sid is not None:
+            rlog.fields["stream_id"] = sid
+        if handoff is not None and handoff.automatic:
+            rlog.fields["steered_from"] = handoff.parent.id
         previous: str | None = None
         try:
             self._use(gw)
             rlog.fields["tenant"] = self.principal.tenant
             if isinstance(job, GatewayError):
                 raise job
-            data = _parse(job)
+            data = _fields(job)
             prev = data.get("previous_response_id")
             previous = prev if isinstance(prev, str) else None
+            if handoff is None and previous is not None:
+                handoff = self.book.continuation(previous)
+                if handoff is not None and handoff.subs:
+                    data["input"] = with_steering(data.get("input"), handoff.items())
             model = data.get("model")
             rlog.fields["model"] = model if isinstance(model, str) else None
             body = create_request(data, self.gw.settings.limits)
@@ -322,15 +413,35 @@ class Connection:
             if previous is not None:
                 self.cache.evict(previous)  # a failed continuation: retrying it must not hit the cache
             rlog.done(self.metrics, err.status, error_code=err.code)
-            await self._send(ws_text(err.ws_envelope()))
-            return
+            await self._refused(sid, err, handoff)
+            return None
         rlog.fields["provider"] = turn.route.provider
         rlog.routed = True
-        turn.on_end(lambda result: self._ended(result, rlog, previous))
+        target = self.book.open(turn.result.resource["id"], sid, turn, data)
+        turn.on_end(lambda result: self._ended(result, rlog, previous, target))
+        opened = None
+        if handoff is not None:
+            committing = handoff
+
+            async def opened() -> None:
+                self.book.commit(committing, target)
+
         try:
-            await turn.run(self._emit)
+            await turn.run(self._emit if sid is None else self._lane_emit(sid), opened=opened)
         except GatewayError as err:  # before generation: the envelope only
-            await self._send(ws_text(err.ws_envelope()))
+            self.book.drop(target)
+            await self._refused(sid, err, handoff)
+            return None
+        return target
+
+    async def _refused(self, sid: str | None, err: GatewayError, handoff: Handoff | None) -> None:
+        """A create that made no response: its envelope (not for an automatic successor, which no
+        client asked for), and the steering input it was to commit comes back."""
+        if handoff is None or not handoff.automatic:
+            await self._send(ws_text(tagged(err.ws_envelope(), sid)))
+        if handoff is not None:
+            for event in self.book.abandon(handoff, err):
+                await self._send(ws_text(event))
 
     def _use(self, gw: Gateway) -> None:
         """The turn's gateway: after a reload, the new one, on which the key must still be valid."""
@@ -345,10 +456,24 @@ class Connection:
         await self.frames.send(ws_bytes(event))
         if event["type"] in TERMINAL_EVENTS:
             self.frames.flush()
+        self.sent += 1
+        if not self.sent & _YIELD_EVERY:
+            await asyncio.sleep(0)
 
-    def _ended(self, result: TurnResult, rlog: RequestLog, previous: str | None) -> None:
+    def _lane_emit(self, sid: str) -> Emit:
+        """``_emit`` for lane ``sid``: each event gets its ``stream_id`` as it is encoded."""
+        emit_one = self._emit
+
+        async def emit(event: dict[str, Any]) -> None:
+            event["stream_id"] = sid
+            await emit_one(event)
+
+        return emit
+
+    def _ended(self, result: TurnResult, rlog: RequestLog, previous: str | None, target: Target) -> None:
         """The end-of-turn hook: the connection cache remembers a response that exists, and forgets
-        the one a failed continuation referenced; then the log line."""
+        the one a failed continuation referenced; steering learns the outcome; then the log line."""
+        target.result = result
         if result.ended:
             self.cache.remember(result.resource["id"], result.context.ran_on(), result.output)
         elif previous is not None:
@@ -360,19 +485,25 @@ class Connection:
         return ServerError("The gateway hit an unexpected error.")
 
 
-def _parse(text: str) -> dict[str, Any]:
-    """A client frame → the ``CreateResponseBody`` fields of a ``response.create``."""
+def _decode(text: str) -> Job:
+    """A client frame → its JSON object, or the error it earns."""
     try:
         data = orjson.loads(text)
     except orjson.JSONDecodeError:
-        raise InvalidRequest("The message is not valid JSON.", code="invalid_json") from None
+        return InvalidRequest("The message is not valid JSON.", code="invalid_json")
     if not isinstance(data, dict):
-        raise InvalidRequest("A message must be a JSON object.", code="invalid_json")
+        return InvalidRequest("A message must be a JSON object.", code="invalid_json")
+    return data
+
+
+def _fields(data: dict[str, Any]) -> dict[str, Any]:
+    """A ``response.create`` frame → its ``CreateResponseBody`` fields."""
     kind = data.get("type")
     if kind != "response.create":
         shown = kind if isinstance(kind, str) else orjson.dumps(kind).decode()
         raise InvalidRequest(
-            f"Unsupported message type '{shown[:64]}'; the only client message is 'response.create'.",
+            f"Unsupported message type '{shown[:64]}'; the client messages are 'response.create' "
+            "and 'response.steer'.",
             param="type",
             code="unknown_message_type",
         )

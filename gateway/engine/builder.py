@@ -318,6 +318,28 @@ class ResponseBuilder:
         events.append(self._event(etype, response=res))
         return events
 
+    @property
+    def call_open(self) -> bool:
+        """A function call's arguments are still streaming (not a safe boundary to stop at)."""
+        return self._item_state is _ITEM_OPEN and self._item_kind == "function_call"
+
+    def interrupt(self, reason: str) -> list[Event]:
+        """End the response at a safe boundary (steering): the open part is closed with the text so
+        far (its two ``*.done`` events), the open item with ``output_item.done`` (a cut message or
+        reasoning item as ``incomplete``; a function call, whose arguments the caller let finish, as
+        ``completed``), then ``response.incomplete`` with ``incomplete_details.reason``."""
+        if self.state is not _LIVE:
+            raise IllegalTransition(f"interrupt() after the response left in_progress ({self.state.value})")
+        cut = ItemState.COMPLETED if self.call_open else ItemState.INCOMPLETE
+        events = self._close_item(cut)
+        res = self.resource
+        self.state = ResponseState.INCOMPLETE
+        res["status"] = "incomplete"
+        res["incomplete_details"] = {"reason": reason}
+        res["completed_at"] = int(time.time())
+        events.append(self._event("response.incomplete", response=res))
+        return events
+
     def fail(self, error: GatewayError) -> list[Event]:
         """``error`` then ``response.failed``. Open items are left ``incomplete`` in the final output."""
         if self.state in _TERMINAL:

@@ -13,7 +13,8 @@ terminal event is emitted, so a hook that cannot keep its promise (the store wri
 ``GatewayError``: the terminal event becomes ``response.failed`` and the later hooks see the
 failure. The log line, metrics, the store write and the WebSocket cache hang here.
 
-Allowed-tools enforcement lives here, once.
+Allowed-tools enforcement lives here, once. So does stopping early (``Turn.stop``, steering):
+the relay loop checks for a stop between deltas and ends the response at a safe boundary.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 import structlog
 
 from adapters.base import UpstreamRequest
-from adapters.deltas import Delta, Finish, TextDelta, ToolCallArgsDelta, ToolCallStart, Usage
+from adapters.deltas import Delta, Finish, ItemDone, TextDelta, ToolCallArgsDelta, ToolCallStart, Usage
 from gateway.engine.balance import Attempt
 from gateway.engine.builder import ResponseBuilder
 from gateway.engine.context import Context
@@ -56,6 +57,8 @@ Event = dict[str, Any]
 Emit = Callable[[Event], Awaitable[None]]
 
 _ENDED = frozenset({"completed", "incomplete"})
+# While a function call is open these still belong to it (or add no output): a stop waits for them.
+_CALL_PARTS = (ToolCallArgsDelta, Usage, Finish, ItemDone)
 
 
 @dataclass(slots=True)
@@ -102,12 +105,17 @@ class Turn:
     __slots__ = (
         "_allowed",
         "_attempt",
+        "_cut",
+        "_decided",
         "_dropped",
         "_first",
         "_hooks",
         "_hooks_done",
         "_label",
+        "_reading",
+        "_stop",
         "_stream",
+        "_task",
         "_timing",
         "affinity",
         "builder",
@@ -155,6 +163,11 @@ class Turn:
         self.compaction: dict[str, Any] | None = None
         # the try that answered: its deployment, start (perf_counter) and span, until the stream ends
         self._timing: tuple[Deployment, float, Span] | None = None
+        self._stop: str | None = None  # a stop was asked for, with this incomplete_details.reason
+        self._decided = False  # the stream loop is over: a stop can no longer change the outcome
+        self._reading = False  # the relay is awaiting the upstream's next delta
+        self._cut = False  # the stop cancelled that await
+        self._task: asyncio.Task[Any] | None = None
         # the x-ratelimit-* headers of the admission (gateway/engine/limits.py), for the transport
         self.rate_headers: dict[str, str] = {}
 
@@ -165,6 +178,21 @@ class Turn:
     def on_end(self, hook: TurnHook) -> None:
         """Run ``hook`` at the end of the turn (see the module docstring)."""
         self._hooks.append(hook)
+
+    def stop(self, reason: str = "steered") -> bool:
+        """Ask the response to end early, at its next safe boundary, as ``incomplete`` with
+        ``reason`` (``ResponseBuilder.interrupt``): at once between text deltas, or while the relay
+        waits on the upstream; a function call's arguments are never cut, the call finishes first.
+        The upstream call is then cancelled. Asked before generation began, it takes effect at the
+        first delta. False: too late, the response's outcome is already decided."""
+        if self._decided:
+            return False
+        if self._stop is None:
+            self._stop = reason
+            if self._reading and self._task is not None and not self.builder.call_open:
+                self._cut = True
+                self._task.cancel()  # the await on the upstream; caught in _events
+        return True
 
     # -- the runner ------------------------------------------------------------------------------
     async def run(
@@ -336,28 +364,58 @@ class Turn:
         res = self.result
         res.started = True
         count = 0
+        self._task = asyncio.current_task()
         try:
             for ev in b.start():
                 yield ev
             if self.compaction is not None:
                 for ev in b.compaction(self.compaction):
                     yield ev
-            if self._first is not None:
-                first, self._first = self._first, None
-                for ev in self._feed(first):
-                    yield ev
-                    count += 1
-            if self._stream is not None:
-                async for delta in self._stream:
-                    for ev in self._feed(delta):
-                        yield ev
-                        count += 1
-                    if count > self.max_events:
-                        raise UpstreamError(
-                            "The response exceeded the gateway's event limit.",
-                            code="event_limit_exceeded",
-                        )
-            terminal = b.finish()
+            stopped = False
+            try:
+                if self._first is not None:
+                    first, self._first = self._first, None
+                    if self._stop is not None and self._stops_before(first):
+                        stopped = True
+                    else:
+                        for ev in self._feed(first):
+                            yield ev
+                            count += 1
+                if self._stream is not None and not stopped:
+                    if self._stop is not None and not b.call_open:
+                        stopped = True
+                    else:
+                        self._reading = True
+                        async for delta in self._stream:
+                            self._reading = False
+                            if self._stop is not None and self._stops_before(delta):
+                                stopped = True
+                                break
+                            for ev in self._feed(delta):
+                                yield ev
+                                count += 1
+                            if count > self.max_events:
+                                raise UpstreamError(
+                                    "The response exceeded the gateway's event limit.",
+                                    code="event_limit_exceeded",
+                                )
+                            if self._stop is not None and not b.call_open:
+                                stopped = True
+                                break
+                            self._reading = True
+            except asyncio.CancelledError:
+                if not self._own_cut():
+                    raise
+                stopped = True
+            finally:
+                self._reading = False
+                self._decided = True
+            if stopped:
+                await self._close()  # cancel the upstream call before the end-of-turn hooks
+                assert self._stop is not None
+                terminal = b.interrupt(self._stop)
+            else:
+                terminal = b.finish()
         except GatewayError as exc:
             log.warning("turn_failed", request_id=res.request_id, code=exc.code, provider=res.provider)
             terminal = b.fail(exc)
@@ -380,6 +438,19 @@ class Turn:
         await self._end(revoke if res.ended else None)
         for ev in terminal:
             yield ev
+
+    def _stops_before(self, delta: Delta) -> bool:
+        """A stop is pending: whether to end before ``delta`` (only an open call's own deltas pass)."""
+        return not (self.builder.call_open and isinstance(delta, _CALL_PARTS))
+
+    def _own_cut(self) -> bool:
+        """A CancelledError while awaiting the upstream: True if it is only the stop's own cut;
+        False for a real cancellation (the client left, the gateway is going), which goes on."""
+        task = self._task
+        if not self._cut or task is None:
+            return False
+        self._cut = False
+        return task.uncancel() == 0  # > 0: cancelled by someone else as well
 
     def _feed(self, delta: Delta) -> list[Event]:
         if type(delta) is TextDelta:  # the per-token hot path: nothing of allowed-tools applies

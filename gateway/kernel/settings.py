@@ -428,6 +428,10 @@ class Limits(_Strict):
     ws_connection_seconds: float = Field(default=3600.0, gt=0)
     ws_queue_size: int = Field(default=16, ge=1)
     ws_cache_entries: int = Field(default=8, ge=1)
+    # lanes (stream_id) of one socket running at once, the default lane included
+    ws_max_lanes: int = Field(default=4, ge=1)
+    # steering inputs (response.steer) queued for one response, not yet committed
+    ws_max_pending_steers: int = Field(default=8, ge=1)
     # on SIGTERM, in-flight WebSocket turns and HTTP responses get this long; then they are cut
     ws_drain_seconds: float = Field(default=10.0, ge=0)
     # the request line and headers, through the blank line (-> 431)
