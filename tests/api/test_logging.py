@@ -73,7 +73,7 @@ def test_stdlib_and_uvicorn_lines_are_json_and_5xx_is_a_warning() -> None:
             sock.recv(1024)
 
     _, lines = run_serve(port, env, act)
-    store = [ln for ln in lines if ln.get("logger") == "state.redis"]
+    store = [ln for ln in lines if ln.get("logger") == "state.redis_client"]
     assert store and store[0]["event"] == "state store error: ConnectionError"
     assert store[0]["level"] == "warning" and "timestamp" in store[0]
     assert any(ln.get("logger") == "uvicorn.error" and ln["level"] == "warning" for ln in lines)
