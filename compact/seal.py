@@ -85,6 +85,13 @@ class Sealer:
         keys = [
             decode_key(k.get_secret_value(), f"compaction.keys[{i}]") for i, k in enumerate(settings.keys)
         ]
+        if not keys and settings.workers_key is not None:
+            log.warning(
+                "compaction_ephemeral_key",
+                detail="compaction.keys is empty: using a random key shared by this start's workers; "
+                "compacted windows will not open after a restart or on another replica",
+            )
+            keys = [decode_key(settings.workers_key.get_secret_value(), "compaction.workers_key")]
         if not keys:
             log.warning(
                 "compaction_ephemeral_key",

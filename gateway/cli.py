@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import os
 import signal
 import socket
@@ -189,8 +190,9 @@ def workers_warnings(settings: Settings, workers: int) -> list[tuple[str, str]]:
         found.append(
             (
                 "compaction.keys",
-                f"{workers} workers without compaction keys: each makes its own, so an item one "
-                "worker compacted does not open on another; set compaction.keys",
+                f"{workers} workers without compaction keys: they share one random key made at "
+                "start, so compacted items do not open after a restart or on another replica; set "
+                "compaction.keys",
             )
         )
     return found
@@ -273,8 +275,16 @@ def supervise(argv: list[str], args: argparse.Namespace, settings: Settings, wor
     stop_seconds = settings.limits.ws_drain_seconds + 4 * GatewayServer.CUT_SECONDS + 10
     cfg = settings.metrics  # a separate metrics listener is the supervisor's: one port for all workers
     listener = (cfg.host or args.host, cfg.port) if cfg.port is not None else None
+    env = {}
+    if not settings.compaction.keys:  # one random key for this start's workers (see workers_key)
+        env["GATEWAY_COMPACTION__WORKERS_KEY"] = base64.b64encode(os.urandom(32)).decode()
     return Supervisor(
-        lambda fd: [*command, "--worker-fd", str(fd)], sock, workers, stop_seconds, metrics_listener=listener
+        lambda fd: [*command, "--worker-fd", str(fd)],
+        sock,
+        workers,
+        stop_seconds,
+        metrics_listener=listener,
+        env=env,
     ).run()
 
 

@@ -85,6 +85,7 @@ class Supervisor:
         workers: int,
         stop_seconds: float,
         metrics_listener: tuple[str, int] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.command = command
         self.sock: socket.socket | None = sock
@@ -96,7 +97,7 @@ class Supervisor:
         self.hups_sent = 0
         self.failed = False
         self.metrics_dir = tempfile.mkdtemp(prefix="gateway-metrics-")
-        self.env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": self.metrics_dir}
+        self.env = {**os.environ, **(env or {}), "PROMETHEUS_MULTIPROC_DIR": self.metrics_dir}
         # ``metrics.port``: served here, in the parent, over every worker's files (a worker with
         # PROMETHEUS_MULTIPROC_DIR set never opens it)
         self.metrics_listener = metrics_listener

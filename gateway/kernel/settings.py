@@ -452,6 +452,10 @@ class CompactionSettings(_Strict):
     ``keep_recent_items`` optionally also caps how many items that tail may hold."""
 
     keys: list[AesKey] = []  # base64 AES keys; first encrypts, all decrypt. Empty: a per-process key
+    # Set by ``serve --workers N`` in its workers' environment (GATEWAY_COMPACTION__WORKERS_KEY)
+    # when ``keys`` is empty: one random key shared by the workers of one start, so that an item
+    # one worker compacted opens on the others (not after a restart, nor on another replica).
+    workers_key: AesKey | None = None
     keep_recent_tokens: int | None = Field(default=None, ge=0)  # absolute, for every model
     keep_recent_fraction: float = Field(default=0.15, ge=0, le=1)  # of context_window, when no tokens
     keep_recent_items: int | None = Field(default=None, ge=0)  # an upper bound; None: no count limit

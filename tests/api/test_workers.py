@@ -290,3 +290,36 @@ async def test_the_metrics_port_is_the_supervisors_and_counts_every_worker(tmp_p
         assert total == 40  # both workers' counts, added up by the supervisor's listener
         assert workers_seen == {str(p) for p in worker_pids(gw)}
     assert gw.proc.returncode == 0, gw.tail()
+
+
+async def test_workers_without_compaction_keys_share_one_key(tmp_path: Path) -> None:
+    """An item compacted by one worker opens on the other: the supervisor gives its workers one
+    random key when the config has none (every request below is on a connection of its own)."""
+    import httpx
+
+    async with running(tmp_path, config(), "--workers", "2", workers=2) as gw:
+        headers = {"authorization": "Bearer sk-a"}
+        history = [
+            {"type": "message", "role": "user", "content": f"turn {i} " + "words " * 50} for i in range(12)
+        ]
+        outputs = []
+        for _ in range(6):
+            async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+                r = await client.post(
+                    "/v1/responses/compact", json={"model": "mock", "input": history}, headers=headers
+                )
+                assert r.status_code == 200, r.text
+                outputs.append(r.json()["output"])
+        assert all(any(i["type"] == "compaction" for i in out) for out in outputs)
+
+        async def reuse(i: int) -> None:
+            out = outputs[i % len(outputs)]
+            body = {"model": "mock", "store": False, "input": [*out, {"role": "user", "content": "go on"}]}
+            async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+                r = await client.post("/v1/responses", json=body, headers=headers)
+            assert r.status_code == 200, r.text
+
+        await gather_limited(30, 6, reuse)
+        await gw.wait_log(lambda logs: sum(e.get("event") == "request" for e in logs) >= 36)
+        assert len(request_pids(gw.logs())) == 2, "every request went to one worker"
+    assert gw.proc.returncode == 0, gw.tail()
