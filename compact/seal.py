@@ -13,14 +13,13 @@ import orjson
 import structlog
 
 from gateway.kernel.errors import InvalidEncryptedContent
-from gateway.kernel.settings import CompactionSettings, ConfigError
+from gateway.kernel.settings import CompactionSettings, ConfigError, decode_aes_key
 
 log = structlog.get_logger("compact.seal")
 
 VERSION = "v1"
 NONCE_BYTES = 12
 TAG_BYTES = 16
-KEY_SIZES = (16, 24, 32)
 _UNOPENABLE = (
     "The compaction item's encrypted_content could not be opened: it was altered, was made for "
     "another tenant, or was sealed with a key this gateway no longer has."
@@ -43,15 +42,11 @@ def _unb64url(text: str) -> bytes:
 
 
 def decode_key(text: str, where: str) -> bytes:
-    """A configured key: standard or URL-safe base64 of 16, 24 or 32 bytes."""
-    raw = text.strip()
+    """A configured key (the settings' one rule, ``decode_aes_key``), its error naming ``where``."""
     try:
-        key = base64.b64decode(raw.replace("-", "+").replace("_", "/") + "=" * (-len(raw) % 4), validate=True)
-    except (binascii.Error, ValueError):
-        raise ConfigError(f"{where}: not valid base64") from None
-    if len(key) not in KEY_SIZES:
-        raise ConfigError(f"{where}: an AES key must be 16, 24 or 32 bytes (got {len(key)})")
-    return key
+        return decode_aes_key(text)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 class Sealer:

@@ -143,7 +143,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,check-config}")
     serve = sub.add_parser("serve", parents=[config], help="run the gateway", description="Run the gateway.")
-    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default: {DEFAULT_PORT})")
+    serve.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"TCP port (default: {DEFAULT_PORT})")
     serve.add_argument(
         "--workers",
         type=int,
@@ -166,6 +166,17 @@ def _parser() -> argparse.ArgumentParser:
         "0 when it is valid (warnings on stderr), 2 when it is not.",
     )
     return parser
+
+
+def _port(text: str) -> int:
+    """A TCP port, 0 (any free one) to 65535: argparse refuses anything else (uvicorn would hang)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, not {port}")
+    return port
 
 
 def _url(host: str, port: int) -> str:

@@ -244,3 +244,10 @@ def test_version_and_help_with_every_default() -> None:
         assert set(helps) == set(flags) | {"--help"}, out.stdout
         for flag, default in flags.items():
             assert re.search(r"\(default: [^)]*" + re.escape(default), helps[flag]), (command, helps[flag])
+
+
+@pytest.mark.parametrize("port", ["99999999", "-1", "http"])
+def test_a_port_out_of_range_is_refused_at_once(port: str) -> None:
+    out = run_cli("serve", "--port", port)
+    assert out.returncode == 2
+    assert "--port" in out.stderr and "Traceback" not in out.stderr
