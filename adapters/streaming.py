@@ -215,7 +215,9 @@ def merge_ready(deltas: list[Delta]) -> list[Delta]:
     for d in deltas:
         if run:
             head = run[0]
-            if type(d) is type(head) and _joins(head, d):
+            kind = type(d)
+            # text (the usual delta) always continues a text run: no _joins call for it
+            if kind is type(head) and (kind is TextDelta or _joins(head, d)):
                 run.append(d)
                 continue
             out.append(_merged(run))

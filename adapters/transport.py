@@ -173,8 +173,11 @@ class UpstreamStream:
 
     async def next_chunk(self) -> bytes | None:
         """The next piece of the body, or None at its end."""
+        content = self._content
         try:
-            chunk = await self._content.readany()
+            if _TAKE_FAST and len(content._buffer) > 1 and content._exception is None:
+                return _take_buffered(content)
+            chunk = await content.readany()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise map_transport_error(exc) from None
         return chunk or None
@@ -205,6 +208,8 @@ class UpstreamStream:
 
     async def drain(self, *, seconds: float = 1.0, max_bytes: int = 64 * 1024) -> bool:
         """Read and drop what is left of the body (briefly); True if it ended, so keep-alive works."""
+        if self._content.at_eof():  # the usual case: the body's end came with its last event
+            return True
         seen = 0
         try:
             async with asyncio.timeout(seconds):
@@ -223,6 +228,52 @@ class UpstreamStream:
             self.response.release()
         else:
             self.response.close()
+
+
+# aiohttp's ``StreamReader.readany`` takes its buffered pieces (one per HTTP chunk: an SSE
+# upstream sends one event per chunk) one at a time, and after each calls the protocol's
+# ``resume_reading``, which re-runs the HTTP parser on empty input and resumes the transport:
+# ~1.5-2 µs per upstream chunk here, the largest per-delta cost left in the relay (issue 14).
+# ``_take_buffered`` does what ``readany`` does with several pieces buffered (the same
+# bookkeeping as ``StreamReader._read_nowait_chunk``, aiohttp 3.10-3.14) with one
+# ``resume_reading`` at the end. It needs StreamReader's private slots: when a future aiohttp
+# lacks any of them, ``readany`` is used as before (tests/adapters/test_transport_take.py
+# checks that the fast path is active on the installed aiohttp and returns the same bytes).
+_TAKE_SLOTS = (
+    "_buffer",
+    "_buffer_offset",
+    "_size",
+    "_cursor",
+    "_http_chunk_splits",
+    "_low_water",
+    "_low_water_chunks",
+    "_protocol",
+    "_timer",
+    "_exception",
+)
+_TAKE_FAST = all(name in getattr(aiohttp.StreamReader, "__slots__", ()) for name in _TAKE_SLOTS)
+
+
+def _take_buffered(content: Any) -> bytes:
+    """Every piece buffered in ``content`` (an ``aiohttp.StreamReader`` holding two or more and
+    no exception), joined; flow control resumed once, as ``readany`` would after its last piece."""
+    content._timer.assert_timeout()
+    buf = content._buffer
+    if content._buffer_offset:  # only read(n) leaves a partly taken piece; the gateway never calls it
+        buf[0] = buf[0][content._buffer_offset :]
+        content._buffer_offset = 0
+    data = b"".join(buf)
+    buf.clear()
+    size = len(data)
+    content._size -= size
+    content._cursor += size
+    cursor = content._cursor
+    splits = content._http_chunk_splits
+    while splits and splits[0] < cursor:  # chunk ends already read (aiohttp keeps the current one)
+        splits.popleft()
+    if content._size < content._low_water and (splits is None or len(splits) < content._low_water_chunks):
+        content._protocol.resume_reading()
+    return data
 
 
 @asynccontextmanager

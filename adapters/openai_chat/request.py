@@ -109,6 +109,8 @@ def _message(item: dict[str, Any]) -> dict[str, Any] | None:
         return {"role": "assistant", "content": text}
     if role in ("system", "developer"):
         return {"role": "system", "content": _join_text(content)}
+    if isinstance(content, str):  # the common user message: what the parts path below gives
+        return {"role": "user", "content": content}
     parts = _user_parts(content)
     if not parts:
         return {"role": "user", "content": ""}

@@ -66,12 +66,29 @@ class ChatStreamTranslator:
 
     def feed(self, chunk: dict[str, Any]) -> list[Delta]:
         """The deltas in one chunk. Raises ``UpstreamError`` for an in-stream error chunk."""
+        choices = chunk.get("choices")
+        # The per-token hot path, one upstream chunk per delta: one choice 0 whose delta is
+        # ``{"content": "..."}`` alone, no finish reason, logprobs, usage or error. The same
+        # TextDelta the general path below makes, with fewer lookups (issue 14).
+        if choices and len(choices) == 1 and not chunk.get("usage") and not chunk.get("error"):
+            choice = choices[0]
+            if type(choice) is dict:
+                delta = choice.get("delta")
+                if (
+                    type(delta) is dict
+                    and len(delta) == 1
+                    and not choice.get("finish_reason")
+                    and not choice.get("logprobs")
+                    and choice.get("index", 0) == 0
+                ):
+                    content = delta.get("content")
+                    if content and type(content) is str:
+                        return [TextDelta(content)]
         if chunk.get("error"):
             raise _stream_error(chunk)
         usage = chunk.get("usage")
         if usage:
             self._usage = _usage(usage)
-        choices = chunk.get("choices")
         if not choices:
             return []
         out: list[Delta] = []
