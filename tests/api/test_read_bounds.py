@@ -9,6 +9,7 @@ import select
 import socket
 import subprocess
 import time
+import weakref
 from collections.abc import Iterator
 
 import orjson
@@ -52,9 +53,14 @@ def connect(port: int) -> socket.socket:
     return sock
 
 
+# Bytes read past one response (a pipelined answer that came in the same read), per socket.
+_unread: weakref.WeakKeyDictionary[socket.socket, bytes] = weakref.WeakKeyDictionary()
+
+
 def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """One response (a content-length or a chunked body): (status, headers, body)."""
-    raw = b""
+    """One response (a content-length or a chunked body): (status, headers, body). What a read
+    brought beyond it is kept for the next call (pipelined answers can arrive in one read)."""
+    raw = _unread.pop(sock, b"")
 
     def more() -> None:
         nonlocal raw
@@ -76,10 +82,13 @@ def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
         while (size := int(raw[: raw.index(b"\r\n")], 16)) > 0:
             start = raw.index(b"\r\n") + 2
             body, raw = body + raw[start : start + size], raw[start + size + 2 :]
+        _unread[sock] = raw[raw.index(b"\r\n\r\n") + 4 :]  # past "0" and the empty trailer
         return int(lines[0].split()[1]), headers, body
-    while len(raw) < int(headers["content-length"]):
+    length = int(headers["content-length"])
+    while len(raw) < length:
         more()
-    return int(lines[0].split()[1]), headers, raw
+    _unread[sock] = raw[length:]
+    return int(lines[0].split()[1]), headers, raw[:length]
 
 
 def assert_closed(sock: socket.socket) -> None:
