@@ -16,11 +16,13 @@ from typing import Any, Literal
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class TextDelta:
     """Assistant text; opens an assistant message (and an ``output_text`` part) when none is open.
     ``logprobs``: the provider's token log probabilities for this text, already in the spec's
-    shape (``{token, logprob, bytes, top_logprobs}``), when the client asked for them."""
+    shape (``{token, logprob, bytes, top_logprobs}``), when the client asked for them.
+    Not frozen, unlike the others: it is made once per upstream token, and a frozen dataclass's
+    ``__init__`` (``object.__setattr__`` per field) costs three times as much; nothing mutates it."""
 
     text: str
     logprobs: list[dict[str, Any]] | None = None

@@ -141,14 +141,22 @@ class HTTPStreamAdapter(Generic[T]):
                 # Nothing waits for more input: the read's deltas are all yielded before the next read.
                 while not ended:
                     chunk = await upstream.next_chunk()
-                    try:
-                        events = decoder.feed(chunk) if chunk is not None else decoder.flush()
-                    except SSEDecodeError:
-                        raise UpstreamError("The upstream provider sent an oversized stream event.") from None
+                    # the usual read, whole "data: " events only: their data alone (names None)
+                    datas = decoder.feed_data(chunk) if chunk is not None else None
+                    names: list[str | None] | None = None
+                    if datas is None:
+                        try:
+                            events = decoder.feed(chunk) if chunk is not None else decoder.flush()
+                        except SSEDecodeError:
+                            raise UpstreamError(
+                                "The upstream provider sent an oversized stream event."
+                            ) from None
+                        datas = [e.data for e in events]
+                        if named_events:
+                            names = [e.event for e in events]
                     ready: list[Delta] = []
                     try:
-                        for event in events:
-                            data = event.data
+                        for index, data in enumerate(datas):
                             if not data:
                                 continue
                             if done_marker and data == "[DONE]":
@@ -165,8 +173,8 @@ class HTTPStreamAdapter(Generic[T]):
                             if need_id:  # the first chunk, for a provider that names its id there
                                 need_id = False
                                 call.body_id(parsed.get(_BODY_ID))
-                            if named_events and "type" not in parsed and event.event:
-                                parsed["type"] = event.event
+                            if names is not None and "type" not in parsed and names[index]:
+                                parsed["type"] = names[index]
                             ready += feed(parsed)
                             if translator.done:
                                 ended = True

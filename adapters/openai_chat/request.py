@@ -18,6 +18,7 @@ from gateway.kernel.tool_choice import parse_tool_choice
 __all__ = ["build_body", "build_messages", "build_tools"]
 
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text", "reasoning_text"})
+_ROLES = frozenset({"user", "assistant", "system"})
 LOGPROBS_INCLUDE = "message.output_text.logprobs"  # the include that asks for token logprobs
 
 
@@ -104,6 +105,13 @@ def build_messages(req: UpstreamRequest) -> list[dict[str, Any]]:
 def _message(item: dict[str, Any]) -> dict[str, Any] | None:
     role = item.get("role", "user")
     content = item.get("content")
+    # the replayed history's usual message, one text part: what the general paths below give
+    if type(content) is list and len(content) == 1:
+        part = content[0]
+        kind = part.get("type") if type(part) is dict else None
+        if kind in _TEXT_PARTS:
+            role = "system" if role == "developer" else role
+            return {"role": role if role in _ROLES else "user", "content": part.get("text") or ""}
     if role == "assistant":
         text = _join_text(content, refusals=True)
         return {"role": "assistant", "content": text}

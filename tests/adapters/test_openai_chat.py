@@ -70,6 +70,31 @@ def test_instructions_and_system_developer() -> None:
     ]
 
 
+@pytest.mark.parametrize("kind", ["input_text", "output_text", "text", "summary_text", "reasoning_text"])
+@pytest.mark.parametrize(
+    ("role", "sent"),
+    [
+        ("user", "user"),
+        ("assistant", "assistant"),
+        ("system", "system"),
+        ("developer", "system"),
+        (None, "user"),
+    ],
+)
+def test_one_text_part_is_a_plain_string(kind: str, role: str | None, sent: str) -> None:
+    """A one-part message (the replayed history's usual one, converted by a fast path) is the
+    string content the general path makes of the same part followed by an ignored one."""
+    item: dict[str, Any] = {"type": "message", "role": role, "content": [{"type": kind, "text": "x y"}]}
+    assert build_messages(req([item])) == [{"role": sent, "content": "x y"}]
+    if role in ("assistant", "system", "developer"):  # whose general path skips an unknown part
+        two = {**item, "content": [{"type": kind, "text": "x y"}, {"type": "other"}]}
+        assert build_messages(req([two])) == [{"role": sent, "content": "x y"}]
+    empty = {**item, "content": [{"type": kind, "text": None}]}
+    assert build_messages(req([empty])) == [{"role": sent, "content": ""}]
+    with pytest.raises(UpstreamRejected):  # a lone part chat cannot take still fails
+        build_messages(req([{**item, "role": "user", "content": [{"type": "input_audio"}]}]))
+
+
 def test_user_images_and_files() -> None:
     item = {
         "type": "message",

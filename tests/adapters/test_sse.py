@@ -156,3 +156,63 @@ def test_lf_streams_any_split_yields_same_events(raw: bytes, cuts: list[int]) ->
     points = sorted({c % (len(raw) + 1) for c in cuts})
     chunks = [raw[a:b] for a, b in zip([0, *points], [*points, len(raw)], strict=True)]
     assert decode_all(chunks) == whole
+
+
+def _data_first(chunks: list[bytes], max_event_bytes: int = 16 * 1024 * 1024) -> list[tuple[str, str | None]]:
+    """What the streaming shell sees: ``feed_data`` tried first on every chunk, ``feed`` when it
+    declines; (data, event name) per event."""
+    dec = SSEDecoder(max_event_bytes=max_event_bytes)
+    out: list[tuple[str, str | None]] = []
+    for c in chunks:
+        datas = dec.feed_data(c)
+        if datas is None:
+            out += [(e.data, e.event) for e in dec.feed(c)]
+        else:
+            out += [(d, None) for d in datas]
+    out += [(e.data, e.event) for e in dec.flush()]
+    return out
+
+
+_raw_data = st.binary(max_size=10).map(lambda b: b.replace(b"\n", b"").replace(b"\r", b""))
+
+
+@st.composite
+def _mixed_streams(draw: st.DrawFn) -> bytes:
+    """Mostly one-line ``data: `` events (any bytes, invalid UTF-8 included), some other lines."""
+    other = st.sampled_from([b"event: ping\n", b": c\n", b"id: 7\n", b"\n", b"data:x\n", b"data: a\nb\n"])
+    parts = draw(st.lists(st.one_of(_raw_data.map(lambda d: b"data: " + d + b"\n\n"), other), max_size=30))
+    return b"".join(parts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(raw=_mixed_streams(), cuts=st.lists(st.integers(min_value=0, max_value=600), max_size=8))
+def test_feed_data_matches_feed(raw: bytes, cuts: list[int]) -> None:
+    """The data-only fast path gives exactly the events' data ``feed`` gives, at any split."""
+    points = sorted({c % (len(raw) + 1) for c in cuts})
+    chunks = [raw[a:b] for a, b in zip([0, *points], [*points, len(raw)], strict=True)]
+    expected = [(e.data, e.event) for e in decode_all(chunks)]
+    assert _data_first(chunks) == expected
+    assert _data_first([raw]) == [(e.data, e.event) for e in decode_all([raw])]
+
+
+def test_feed_data_takes_whole_data_events_only() -> None:
+    dec = SSEDecoder()
+    assert dec.feed_data(b'data: {"a":1}\n\ndata: \xe2\x82\n\ndata: [DONE]\n\n') == [
+        '{"a":1}',
+        "\ufffd",
+        "[DONE]",
+    ]
+    for declined in (
+        b"data: a\n\ndata: b",  # an event half-read
+        b"data: a\n\n\n\ndata: b\n\n",  # an extra blank line
+        b"data: a\nb\n\n",  # a second line
+        b"event: x\ndata: a\n\n",
+        b"data: a\r\n\r\n",
+        b"\xef\xbb\xbfdata: a\n\n",  # a BOM
+        b"data:a\n\n",
+    ):
+        assert SSEDecoder().feed_data(declined) is None, declined
+    assert SSEDecoder(max_event_bytes=8).feed_data(b"data: 0123456789\n\n") is None
+    half = SSEDecoder()
+    assert half.feed(b"data: a") == []
+    assert half.feed_data(b"\n\ndata: b\n\n") is None  # the half-read line comes first
