@@ -385,8 +385,8 @@ class Connection:
             rlog.fields["steered_from"] = handoff.parent.id
         previous: str | None = None
         try:
-            self._use(gw)
-            rlog.fields["tenant"] = self.principal.tenant
+            principal = self._use(gw)  # this turn's: lanes may hold different gateways at once
+            rlog.fields["tenant"] = principal.tenant
             if isinstance(job, GatewayError):
                 raise job
             data = _fields(job)
@@ -398,10 +398,10 @@ class Connection:
                     data["input"] = with_steering(data.get("input"), handoff.items())
             model = data.get("model")
             rlog.fields["model"] = model if isinstance(model, str) else None
-            body = create_request(data, self.gw.settings.limits)
-            turn = await self.gw.prepare(
+            body = create_request(data, gw.settings.limits)
+            turn = await gw.prepare(
                 body,
-                self.principal,
+                principal,
                 cache=self.cache,
                 error_event=False,
                 request_id=rlog.request_id,
@@ -443,11 +443,15 @@ class Connection:
             for event in self.book.abandon(handoff, err):
                 await self._send(ws_text(event))
 
-    def _use(self, gw: Gateway) -> None:
-        """The turn's gateway: after a reload, the new one, on which the key must still be valid."""
-        if gw is not self.gw:
-            self.principal = gw.auth.authenticate(self.ws.headers.get("authorization"))
-            self.gw = gw
+    def _use(self, gw: Gateway) -> Principal:
+        """The caller as ``gw`` (the gateway the turn holds) knows it: after a reload, the key must
+        still be valid on the new one. The turn uses what this returns, never ``self.gw``: while a
+        reload is under way, two lanes may hold different gateways."""
+        if gw is self.gw:
+            return self.principal
+        principal = gw.auth.authenticate(self.ws.headers.get("authorization"))
+        self.gw, self.principal = gw, principal
+        return principal
 
     async def _emit(self, event: dict[str, Any]) -> None:
         """A turn's event: framed at once, written with the others ready in the same step
