@@ -43,13 +43,6 @@ def threshold_of(body: CreateResponseBody, route: Route) -> int | None:
     return None
 
 
-def context_tokens(ctx: Context) -> int:
-    """The context's estimated tokens (a cached history is not counted again)."""
-    if ctx.history_tokens is not None:
-        return ctx.history_tokens + estimate(ctx.new_items)
-    return estimate(ctx.transcript)
-
-
 async def compact_inline(
     gw: Gateway,
     ctx: Context,
@@ -65,7 +58,7 @@ async def compact_inline(
     threshold = threshold_of(body, route)
     if threshold is None:
         return None
-    tokens = context_tokens(ctx) + reserved
+    tokens = ctx.estimated_tokens() + reserved
     if tokens <= threshold:
         return None
     compactor = Compactor(gw)

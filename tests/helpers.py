@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import orjson
 import pytest
 
 from tests.fakes.openai_chat import FakeOpenAIChat
@@ -44,3 +45,10 @@ def fake_fixtures(fake_cls: Any, responder: Callable[[Any], Any] | None = None) 
         return fake_server
 
     return fake_server, fake
+
+
+def sse_events(text: str) -> list[dict[str, Any]]:
+    """The JSON events of an SSE body that ends with ``data: [DONE]``."""
+    lines = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [orjson.loads(line) for line in lines[:-1]]

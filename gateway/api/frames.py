@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from typing import Any, Protocol
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -36,6 +37,13 @@ TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "respo
 
 class _Stamped(Protocol):
     since: float  # gateway/api/stall.py: when the send in progress began; 0.0: none
+
+
+async def _stamped(owner: _Stamped, waiting: Awaitable[Any]) -> None:
+    """Await a send (or a wait to send) with ``owner.since`` set, so the stall watch sees it."""
+    owner.since = time.monotonic()
+    await waiting
+    owner.since = 0.0
 
 
 class FrameWriter:
@@ -80,18 +88,12 @@ class FrameWriter:
         """One text frame (``data``: UTF-8 JSON), written with the others ready in this step."""
         conn = self._conn
         if conn is None:
-            owner = self._owner
-            owner.since = time.monotonic()
-            await self._ws.send({"type": "websocket.send", "text": data.decode()})
-            owner.since = 0.0
+            await _stamped(self._owner, self._ws.send({"type": "websocket.send", "text": data.decode()}))
             return
         proto = self._proto
         if not proto.writable.is_set():  # uvicorn paused writing: wait like its own send would
             self.flush()
-            owner = self._owner
-            owner.since = time.monotonic()
-            await proto.writable.wait()
-            owner.since = 0.0
+            await _stamped(self._owner, proto.writable.wait())
         if proto.disconnected or proto.close_sent:
             raise WebSocketDisconnect(_GONE)
         if self._plain and conn.state is State.OPEN and not conn.expect_continuation_frame:
@@ -160,17 +162,13 @@ class BodyWriter:
     async def send(self, frame: bytes) -> None:
         cycle = self._cycle
         if cycle is None:
-            owner = self._owner
-            owner.since = time.monotonic()
-            await self._send({"type": "http.response.body", "body": frame, "more_body": True})
-            owner.since = 0.0
+            await _stamped(
+                self._owner, self._send({"type": "http.response.body", "body": frame, "more_body": True})
+            )
             return
         if cycle.flow.write_paused and not cycle.disconnected:  # as uvicorn's send: wait to resume
             self.flush()
-            owner = self._owner
-            owner.since = time.monotonic()
-            await cycle.flow.drain()
-            owner.since = 0.0
+            await _stamped(self._owner, cycle.flow.drain())
         if cycle.disconnected:
             return  # as uvicorn's send: dropped (the DisconnectWatch ends the turn)
         self._buf.append(frame)

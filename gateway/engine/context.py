@@ -21,6 +21,7 @@ from gateway.kernel.errors import (
     PreviousResponseNotFound,
     chain_too_deep,
 )
+from gateway.kernel.estimate import estimate
 from gateway.kernel.ids import new_id
 from gateway.kernel.items import call_ids, message, normalize, output_as_input
 from gateway.kernel.spec.request import CompactionItem, ItemReference
@@ -58,6 +59,15 @@ class Context:
     def input_items(self) -> list[Item]:
         """This turn's input as it is stored: what the client sent, compaction items sealed."""
         return self.new_items if self.stored_items is None else self.stored_items
+
+    def estimated_tokens(self) -> int:
+        """The transcript's estimated tokens: as counted already (``tokens``), else a cached
+        history's plus the new items' (the history is not counted again), else counted now."""
+        if self.tokens is not None:
+            return self.tokens
+        if self.history_tokens is not None:
+            return self.history_tokens + estimate(self.new_items)
+        return estimate(self.transcript)
 
     def ran_on(self) -> Transcript:
         """The transcript the turn ran on, as the connection cache keeps it."""

@@ -186,7 +186,7 @@ class Gateway:
             checks, labels = [checks[n] for n in kept], [labels[n] for n in kept]
         estimated = charge = 0
         if self.limits.wants_tokens(checks):
-            estimated = (ctx.tokens if ctx.tokens is not None else estimate(ctx.transcript)) + reserved
+            estimated = ctx.estimated_tokens() + reserved
             charge = estimated + (body.max_output_tokens or self.limits.output_reservation)
         held = await self.limits.reserve(principal, checks, labels, charge)
         try:

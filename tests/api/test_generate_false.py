@@ -15,7 +15,7 @@ from tests.fakes.anthropic import FakeAnthropic
 from tests.fakes.anthropic import Reply as AnthropicReply
 from tests.fakes.openai_chat import FakeOpenAIChat, Reply
 from tests.harness import ServedApp, serve_gateway
-from tests.helpers import chat_upstream
+from tests.helpers import chat_upstream, sse_events
 
 ZERO_USAGE = {
     "input_tokens": 0,
@@ -35,12 +35,6 @@ def settings(fake: FakeOpenAIChat, **extra: Any) -> dict[str, Any]:
 async def post(gw: ServedApp, body: dict[str, Any], path: str = "/v1/responses", **kw: Any) -> httpx.Response:
     async with httpx.AsyncClient(base_url=gw.base_url, timeout=30) as c:
         return await c.post(path, json=body, **kw)
-
-
-def sse_events(text: str) -> list[dict[str, Any]]:
-    lines = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
-    assert lines[-1] == "[DONE]"
-    return [orjson.loads(line) for line in lines[:-1]]
 
 
 async def test_warm_up_json_then_continue_with_its_id() -> None:

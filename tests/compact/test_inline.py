@@ -17,6 +17,7 @@ from compact.strategy import SUMMARY_PROMPT
 from tests.compact.helpers import conversation, flip_byte, upstream_settings, user
 from tests.fakes.openai_chat import FakeOpenAIChat, Reply
 from tests.harness import ServedApp, serve_gateway
+from tests.helpers import sse_events
 from tests.schema import assert_schema
 from tests.ws.helpers import assert_clean_turn, run_turn, ws_connect
 
@@ -30,12 +31,6 @@ def long_input() -> list[dict[str, Any]]:
 async def post(gw: ServedApp, body: dict[str, Any]) -> httpx.Response:
     async with httpx.AsyncClient(base_url=gw.base_url, timeout=30) as c:
         return await c.post("/v1/responses", json=body)
-
-
-def sse_events(text: str) -> list[dict[str, Any]]:
-    lines = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
-    assert lines[-1] == "[DONE]"
-    return [orjson.loads(line) for line in lines[:-1]]
 
 
 def contents(fake: FakeOpenAIChat, n: int) -> list[tuple[str, str]]:
