@@ -19,6 +19,7 @@ import yaml
 from websockets.asyncio.client import ClientConnection, connect
 
 from tests.api.helpers import cli_env, parse_sse, serve_cli
+from tests.fakes.openai_chat import Reply
 from tests.harness import free_port
 
 ADMIN = {"Authorization": "Bearer sk-admin"}
@@ -179,3 +180,11 @@ async def running(tmp: Path, config: dict[str, Any], *args: str, workers: int = 
         yield gw
     finally:
         await gw.stop()
+
+
+SLOW_TEXT = "one two three four five six seven eight"
+
+
+def slow_reply() -> Reply:
+    """About 3 s of stream: 12 writes, a quarter of a second apart."""
+    return Reply.text(SLOW_TEXT, pieces=8, chunk_delay=0.25, split=None, comments=False)

@@ -17,6 +17,7 @@ from websockets.exceptions import InvalidStatus
 from tests.api.helpers import cli_env, run_cli
 from tests.api.procs import (
     ADMIN,
+    SLOW_TEXT,
     bearer,
     completed_text,
     create,
@@ -27,20 +28,15 @@ from tests.api.procs import (
     reload,
     request_pids,
     running,
+    slow_reply,
     sse_completed,
     ws,
     ws_turn,
 )
-from tests.fakes.openai_chat import FakeOpenAIChat, Reply
+from tests.fakes.openai_chat import FakeOpenAIChat
 from tests.helpers import fake_fixtures
 
 fake_server, fake = fake_fixtures(FakeOpenAIChat)
-
-SLOW_TEXT = "one two three four five six seven eight"
-
-
-def slow_reply() -> Reply:
-    return Reply.text(SLOW_TEXT, pieces=8, chunk_delay=0.25, split=None, comments=False)
 
 
 def config(fake: FakeOpenAIChat | None = None) -> dict[str, Any]:

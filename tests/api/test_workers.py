@@ -16,6 +16,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from tests.api.procs import (
+    SLOW_TEXT,
     Gateway,
     completed_text,
     create,
@@ -25,22 +26,17 @@ from tests.api.procs import (
     read_turn,
     request_pids,
     running,
+    slow_reply,
     sse_completed,
     ws,
     ws_turn,
 )
-from tests.fakes.openai_chat import FakeOpenAIChat, Reply
+from tests.fakes.openai_chat import FakeOpenAIChat
 from tests.helpers import fake_fixtures
 
 fake_server, fake = fake_fixtures(FakeOpenAIChat)
 
-SLOW_TEXT = "one two three four five six seven eight"
 DRAIN = 8.0
-
-
-def slow_reply() -> Reply:
-    """About 3 s of stream: 12 writes, a quarter of a second apart."""
-    return Reply.text(SLOW_TEXT, pieces=8, chunk_delay=0.25, split=None, comments=False)
 
 
 def config(fake: FakeOpenAIChat | None = None) -> dict[str, Any]:
