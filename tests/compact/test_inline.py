@@ -19,7 +19,7 @@ from tests.fakes.openai_chat import FakeOpenAIChat, Reply
 from tests.harness import ServedApp, serve_gateway
 from tests.helpers import sse_events
 from tests.schema import assert_schema
-from tests.ws.helpers import assert_clean_turn, run_turn, ws_connect
+from tests.ws.helpers import assert_clean_turn, create, read_turn, run_turn, ws_connect
 
 CM = [{"type": "compaction", "compact_threshold": 100}]  # conversation(6) + a question is ~135 tokens
 
@@ -294,3 +294,40 @@ async def test_a_failed_summary_fails_the_request_before_any_answer() -> None:
                 events = await run_turn(ws, model="m", store=False, input="hi")
                 assert events[-1]["type"] == "response.completed"
     assert len(fake.requests) == 3  # two summarizing attempts, one plain answer
+
+
+async def test_steering_a_compacted_response_continues_from_the_window() -> None:
+    """A steer mid-answer of a response that compacted first: the steered response keeps its
+    compaction item (output 0) and the text so far; the automatic successor runs on the window (not
+    the long history it replaced) plus the steering input, and being under the threshold it does
+    not summarize again."""
+    story = " ".join(f"w{i}" for i in range(40))
+    async with FakeOpenAIChat.serve() as fake:
+        fake.add(
+            Reply.text("SUMMARY: codes cobalt-0 to cobalt-3"),
+            Reply.text(story, pieces=40, chunk_delay=0.1, split=None),
+            Reply.text("About a cat."),
+        )
+        with serve_gateway(upstream_settings(fake)) as gw:
+            async with ws_connect(gw) as ws:
+                await ws.send(create(model="m", store=False, input=long_input(), context_management=CM))
+                head = [orjson.loads(await ws.recv())]
+                while head[-1]["type"] != "response.output_text.delta":
+                    head.append(orjson.loads(await ws.recv()))
+                first_id = head[0]["response"]["id"]
+                steer = {"type": "response.steer", "previous_response_id": first_id, "input": "A cat, please"}
+                await ws.send(orjson.dumps(steer).decode())
+                events = await read_turn(ws)  # through the steered response's terminal event
+                successor = await read_turn(ws)
+    kinds = [e["type"] for e in events]
+    assert "response.steer.accepted" in kinds and kinds[-1] == "response.incomplete"
+    steered = events[-1]["response"]
+    assert steered["incomplete_details"] == {"reason": "steered"}
+    assert [o["type"] for o in steered["output"]] == ["compaction", "message"]
+    text = "".join(e["delta"] for e in [*head, *events] if e["type"] == "response.output_text.delta")
+    assert 0 < len(text) < len(story) and steered["output"][1]["content"][0]["text"] == text
+    done = assert_clean_turn(successor)
+    assert successor[0]["response"]["previous_response_id"] == steered["id"]
+    assert [o["type"] for o in done["output"]] == ["message"]  # under the threshold: no second summary
+    assert len(fake.requests) == 3  # the summary, the steered answer, the successor
+    assert contents(fake, 2) == [*WINDOW, ("assistant", text), ("user", "A cat, please")]
