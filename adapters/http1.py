@@ -122,8 +122,8 @@ class _Conn(asyncio.Protocol):
         "headers",
         "headers_done",
         "idle_since",
-        "key",
         "keep_alive",
+        "key",
         "last_data",
         "loop",
         "parser",
@@ -622,7 +622,9 @@ class Pool:
         conn.tunnel = bytearray()
         host = f"[{target.host}]" if ":" in target.host else target.host
         authority = f"{host}:{target.port}"
-        conn.transport.write(f"CONNECT {authority} HTTP/1.1\r\nhost: {authority}\r\n{proxy.auth}\r\n".encode())
+        conn.transport.write(
+            f"CONNECT {authority} HTTP/1.1\r\nhost: {authority}\r\n{proxy.auth}\r\n".encode()
+        )
         while b"\r\n\r\n" not in conn.tunnel:
             if conn.eof or conn.closed:
                 raise ConnectError("The forward proxy closed the connection.")
@@ -693,10 +695,10 @@ def _fail_total(conn: _Conn) -> None:
     conn.fail(TimeoutError())  # the call's total deadline
 
 
-async def _wait_reading(conn: _Conn, timeout: float) -> None:
-    """Wait for the answer's head, failing after ``timeout`` of silence (once per call: the
+async def _wait_reading(conn: _Conn, seconds: float) -> None:
+    """Wait for the answer's head, failing after ``seconds`` of silence (once per call: the
     head comes once, so this timer is not per chunk)."""
-    handle = conn.loop.call_later(timeout, _fail_read, conn, timeout)
+    handle = conn.loop.call_later(seconds, _fail_read, conn, seconds)
     try:
         await conn.wait()
     finally:
@@ -708,4 +710,3 @@ def _fail_read(conn: _Conn, timeout: float) -> None:
         conn.fail(ReadTimeout("The upstream server sent nothing within the read timeout."))
     else:  # bytes came (a partial head): wait again from them
         conn._wake()
-

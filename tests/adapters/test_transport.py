@@ -22,6 +22,7 @@ from gateway.kernel.settings import ProviderSettings, Timeouts
 from tests.adapters.helpers import MARKER, SECRET, assert_clean, openai_error
 from tests.fakes.server import serve_asgi, serve_raw, unused_port
 
+
 # -- map_transport_error --------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("exc", "cls", "retryable"),
