@@ -8,8 +8,8 @@ gateway-facing layer (errors, logging, SSE); nothing else imports this module.
 
 Costs per call are kept to a few Python calls: the request head is one string built from a
 per-client prefix, the parser runs once per socket read, a reader wakes once per socket read and
-takes everything buffered as one bytes object, and the read timeout is one timer per call that
-re-checks the time of the last byte when it fires (no timer per chunk).
+takes everything buffered as one bytes object, and the total and read timeouts are one timer per
+call that re-checks the time of the last byte when it fires (no timer per chunk).
 
 Error messages here are fixed words: no URL, key or body ever reaches one.
 """
@@ -116,6 +116,7 @@ class _Conn(asyncio.Protocol):
         "buffered",
         "closed",
         "complete",
+        "deadline",
         "eof",
         "exc",
         "got_bytes",
@@ -130,7 +131,9 @@ class _Conn(asyncio.Protocol):
         "paused",
         "pool",
         "raw_headers",
+        "read_timeout",
         "status",
+        "timer",
         "transport",
         "tunnel",
         "until_close",
@@ -165,6 +168,9 @@ class _Conn(asyncio.Protocol):
         self.got_bytes = False
         self.exc: BaseException | None = None
         self.last_data = self.wait_since = 0.0
+        self.deadline = 0.0
+        self.read_timeout: float | None = None
+        self.timer: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -198,12 +204,6 @@ class _Conn(asyncio.Protocol):
         if not self.closed:
             self.closed = True
             self.pool._forget(self)
-
-    def pause_writing(self) -> None:  # the request body is written whole; nothing to pause
-        pass
-
-    def resume_writing(self) -> None:
-        pass
 
     # -- httptools callbacks -----------------------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -267,10 +267,44 @@ class _Conn(asyncio.Protocol):
             if not waiter.done():
                 waiter.set_result(None)
 
-    def fail(self, exc: BaseException) -> None:
-        """A timer's verdict: the call fails with ``exc`` at its next (or current) wait."""
-        if self.exc is None and not self.complete:
-            self.exc = exc
+    # -- the call's one timer: the total deadline and the silence between bytes -------------------
+    def arm(self, deadline: float, read_timeout: float | None) -> None:
+        """Start the call's timer: the call fails at ``deadline``, or when the server is silent
+        for ``read_timeout`` while a reader waits. One timer for the whole call: when it fires
+        early it re-checks the time of the last byte and sets itself again (no timer per read)."""
+        self.deadline = deadline
+        self.read_timeout = read_timeout
+        self.last_data = now = self.loop.time()
+        due = deadline if read_timeout is None else min(deadline, now + read_timeout)
+        self.timer = self.loop.call_at(due, self._on_timer)
+
+    def disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        if self.complete or self.exc is not None:
+            return
+        now = self.loop.time()
+        if now >= self.deadline:
+            self._fail(TimeoutError())  # the call's total deadline
+            return
+        due = self.deadline
+        if (timeout := self.read_timeout) is not None:
+            if self.waiter is None:  # the reader is busy elsewhere: the server is not late
+                silent_until = now + timeout
+            else:  # silent for ``timeout`` while the reader waited
+                silent_until = max(self.last_data, self.wait_since) + timeout
+            if silent_until <= now:
+                self._fail(ReadTimeout("The upstream server sent nothing within the read timeout."))
+                return
+            due = min(due, silent_until)
+        self.timer = self.loop.call_at(due, self._on_timer)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.exc = exc
         self._wake()
 
     async def wait(self) -> None:
@@ -296,6 +330,7 @@ class _Conn(asyncio.Protocol):
         return data
 
     def close(self) -> None:
+        self.disarm()
         if not self.closed:
             self.closed = True
             if self.transport is not None:
@@ -339,37 +374,14 @@ class Response:
     body through :meth:`read` until it returns None. :meth:`release` gives the connection back to
     the pool if the body was read to its end with keep-alive and closes it otherwise."""
 
-    __slots__ = ("_conn", "_decoder", "_read_timeout", "_read_timer", "_total_timer", "headers", "status")
+    __slots__ = ("_conn", "_decoder", "headers", "status")
 
-    def __init__(
-        self, conn: _Conn, read_timeout: float | None, total_timer: asyncio.TimerHandle | None
-    ) -> None:
+    def __init__(self, conn: _Conn) -> None:
         self._conn: _Conn | None = conn
         self.status = conn.status
         self.headers = conn.headers
         encoding = conn.headers.get("content-encoding", "").strip().lower()
         self._decoder = _Decoder(encoding) if encoding in ("gzip", "deflate") else None
-        self._read_timeout = read_timeout
-        self._total_timer = total_timer
-        self._read_timer: asyncio.TimerHandle | None = None
-        if read_timeout is not None and not conn.complete:
-            self._read_timer = conn.loop.call_at(conn.last_data + read_timeout, self._check_read)
-
-    def _check_read(self) -> None:
-        conn, timeout = self._conn, self._read_timeout
-        if conn is None or timeout is None or conn.complete or conn.exc is not None:
-            self._read_timer = None
-            return
-        now = conn.loop.time()
-        if conn.waiter is None:  # the reader is busy elsewhere: the server is not late
-            due = now + timeout
-        else:  # silent for ``timeout`` while the reader waited
-            due = max(conn.last_data, conn.wait_since) + timeout
-        if due <= now:
-            self._read_timer = None
-            conn.fail(ReadTimeout("The upstream server sent nothing within the read timeout."))
-        else:
-            self._read_timer = conn.loop.call_at(due, self._check_read)
 
     @property
     def at_eof(self) -> bool:
@@ -407,10 +419,7 @@ class Response:
         if conn is None:
             return
         self._conn = None
-        for timer in (self._read_timer, self._total_timer):
-            if timer is not None:
-                timer.cancel()
-        self._read_timer = self._total_timer = None
+        conn.disarm()
         if conn.complete and conn.keep_alive and conn.exc is None and not conn.body and conn.usable:
             conn.pool._release(conn)
         else:
@@ -495,31 +504,23 @@ class Pool:
         head = self._head(method, target, headers, len(body))
         deadline = loop.time() + total
         conn: _Conn | None = None
-        total_timer: asyncio.TimerHandle | None = None
         try:
             for attempt in (0, 1):
                 conn, reused = await self._acquire(target, deadline)
-                total_timer = loop.call_at(deadline, _fail_total, conn)
-                conn.last_data = loop.time()
+                conn.arm(deadline, read_timeout)
                 assert conn.transport is not None
                 conn.transport.write(head + body)
                 while not conn.headers_done and conn.exc is None:
-                    if read_timeout is not None:
-                        await _wait_reading(conn, read_timeout)
-                    else:
-                        await conn.wait()
+                    await conn.wait()
                 if conn.exc is None:
-                    return Response(conn, read_timeout, total_timer)
+                    return Response(conn)
                 exc = conn.exc
-                total_timer.cancel()
                 conn.close()
                 conn = None
                 if not (reused and attempt == 0 and isinstance(exc, _LostBeforeAnswer)):
                     raise exc  # (a server that dropped an idle connection gets one fresh try)
             raise AssertionError("unreachable")  # pragma: no cover
         except BaseException:
-            if total_timer is not None:
-                total_timer.cancel()
             if conn is not None:
                 conn.close()
             raise
@@ -537,6 +538,8 @@ class Pool:
                 conn._reset()
                 return conn, True
             conn.close()
+        if self.open >= self.max_connections:
+            self._evict_idle()  # an idle connection to another host gives up its place
         if self.open < self.max_connections and not self.waiters:
             return await self._connect(target, deadline), False
         loop = self.loop
@@ -567,6 +570,12 @@ class Pool:
         except TimeoutError:
             raise self._late(limit) from None
         return await self._connect(target, deadline), False
+
+    def _evict_idle(self) -> None:
+        for idle in self.idle.values():
+            if idle:
+                idle[0].close()  # the oldest
+                return
 
     def _wake_waiter(self) -> None:
         while self.waiters:
@@ -689,24 +698,3 @@ class Pool:
             if not waiter.done():
                 waiter.set_result(None)
         await asyncio.sleep(0)  # let the transports' close callbacks run
-
-
-def _fail_total(conn: _Conn) -> None:
-    conn.fail(TimeoutError())  # the call's total deadline
-
-
-async def _wait_reading(conn: _Conn, seconds: float) -> None:
-    """Wait for the answer's head, failing after ``seconds`` of silence (once per call: the
-    head comes once, so this timer is not per chunk)."""
-    handle = conn.loop.call_later(seconds, _fail_read, conn, seconds)
-    try:
-        await conn.wait()
-    finally:
-        handle.cancel()
-
-
-def _fail_read(conn: _Conn, timeout: float) -> None:
-    if conn.loop.time() - conn.last_data >= timeout * 0.999:
-        conn.fail(ReadTimeout("The upstream server sent nothing within the read timeout."))
-    else:  # bytes came (a partial head): wait again from them
-        conn._wake()

@@ -453,3 +453,16 @@ async def test_an_unfinished_body_is_not_reused_and_drain_finishes_one() -> None
         finally:
             await client.aclose()
     assert upstream.connections == 2
+
+
+async def test_at_the_connection_limit_an_idle_connection_to_another_host_gives_way() -> None:
+    first, second = Upstream(lambda head: _ok(b"1")), Upstream(lambda head: _ok(b"2"))
+    async with serve_raw(first) as one, serve_raw(second) as two:
+        client = _client(one.port, max_connections=1, timeouts=Timeouts(connect=0.5))
+        try:
+            assert await _body(client, one.port) == b"1"
+            assert await _body(client, two.port) == b"2"  # not a wait for the idle one to time out
+            assert await _body(client, one.port) == b"1"
+        finally:
+            await client.aclose()
+    assert (first.connections, second.connections) == (2, 1)
