@@ -113,6 +113,7 @@ class _Conn(asyncio.Protocol):
 
     __slots__ = (
         "body",
+        "body_end",
         "buffered",
         "closed",
         "complete",
@@ -151,11 +152,15 @@ class _Conn(asyncio.Protocol):
         self.closed = False
         self.eof = False
         self.idle_since = 0.0
+        # the body's pieces, one per HTTP chunk, appended by the parser without a Python frame
+        self.body: list[bytes] = []
+        self.parser = httptools.HttpResponseParser(_Callbacks(self))  # one per connection
         self._reset()
 
     def _reset(self) -> None:
-        self.parser = httptools.HttpResponseParser(self)
-        self.body: list[bytes] = []
+        """Ready for the next answer (the parser is between messages: the last one ended)."""
+        self.body.clear()
+        self.body_end = 0
         self.buffered = 0
         self.paused = False
         self.raw_headers: list[tuple[bytes, bytes]] = []
@@ -193,6 +198,12 @@ class _Conn(asyncio.Protocol):
             self.exc = ProtocolError("The upstream server switched protocols.")
         except httptools.HttpParserError:
             self.exc = ProtocolError("The upstream server sent a malformed HTTP response.")
+        if self.complete and len(self.body) > self.body_end:
+            del self.body[self.body_end :]  # a second answer's body in the same read: dropped
+        self.buffered += len(data)
+        if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
         self._wake()
 
     def eof_received(self) -> bool:
@@ -226,15 +237,6 @@ class _Conn(asyncio.Protocol):
         self.until_close = not framed and status >= 200 and status not in (204, 304)
         self.headers_done = True
 
-    def on_body(self, body: bytes) -> None:
-        if self.complete:
-            return
-        self.body.append(body)
-        self.buffered += len(body)
-        if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
-            self.paused = True
-            self.transport.pause_reading()
-
     def on_message_complete(self) -> None:
         if self.complete:
             return
@@ -244,6 +246,7 @@ class _Conn(asyncio.Protocol):
             self.headers_done = False
             return
         self.complete = True
+        self.body_end = len(self.body)
         self.keep_alive = self.parser.should_keep_alive() and not self.until_close
 
     # -- the client's side -------------------------------------------------------------------------
@@ -341,6 +344,19 @@ class _Conn(asyncio.Protocol):
     def usable(self) -> bool:
         t = self.transport
         return not (self.closed or self.eof or t is None or t.is_closing())
+
+
+class _Callbacks:
+    """What the parser calls: the body straight into the connection's list (``list.append``, no
+    Python frame per HTTP chunk), the rest through the connection's methods."""
+
+    __slots__ = ("on_body", "on_header", "on_headers_complete", "on_message_complete")
+
+    def __init__(self, conn: _Conn) -> None:
+        self.on_body = conn.body.append
+        self.on_header = conn.on_header
+        self.on_headers_complete = conn.on_headers_complete
+        self.on_message_complete = conn.on_message_complete
 
 
 class _Decoder:
