@@ -522,7 +522,7 @@ class Pool:
         conn: _Conn | None = None
         try:
             for attempt in (0, 1):
-                conn, reused = await self._acquire(target, deadline)
+                conn, reused = await self._acquire(target, deadline, fresh=attempt > 0)
                 conn.arm(deadline, read_timeout)
                 assert conn.transport is not None
                 conn.transport.write(head + body)
@@ -542,12 +542,12 @@ class Pool:
             raise
 
     # -- connections ----------------------------------------------------------------------------
-    async def _acquire(self, target: _Target, deadline: float) -> tuple[_Conn, bool]:
-        """A connection for ``target`` and whether it was pooled: an idle one (newest first),
-        else a new one once fewer than ``max_connections`` are open."""
+    async def _acquire(self, target: _Target, deadline: float, *, fresh: bool) -> tuple[_Conn, bool]:
+        """A connection for ``target`` and whether it was pooled: an idle one (newest first;
+        not if ``fresh``), else a new one once fewer than ``max_connections`` are open."""
         if self.closed:
             raise ConnectError("The upstream client is closed.")
-        idle = self.idle.get(target.key)
+        idle = None if fresh else self.idle.get(target.key)
         while idle:
             conn = idle.pop()
             if conn.usable:

@@ -5,6 +5,7 @@ and encodings, the connection limit and its wait, timeouts, and header injection
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import time
 import zlib
@@ -466,3 +467,25 @@ async def test_at_the_connection_limit_an_idle_connection_to_another_host_gives_
         finally:
             await client.aclose()
     assert (first.connections, second.connections) == (2, 1)
+
+
+async def test_the_one_retry_is_on_a_fresh_connection_not_another_pooled_one() -> None:
+    # each connection answers its first request and drops the next one unanswered (a server
+    # that restarted): with two pooled connections, the retry must not pick the other stale one
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(_content_length(head))
+        writer.write(_ok(b"{}"))
+        await writer.drain()
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+
+    async with serve_raw(handle) as server:
+        client = _client(server.port)
+        try:
+            assert await asyncio.gather(_body(client, server.port), _body(client, server.port)) == [b"{}"] * 2
+            assert client.pool.open == 2
+            assert await _body(client, server.port) == b"{}"
+        finally:
+            await client.aclose()
