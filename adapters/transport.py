@@ -1,7 +1,7 @@
-"""The upstream HTTP transport: one pooled aiohttp client per provider (TLS from the system trust
-store, an optional forward proxy), a call whose response body is read within one total deadline,
-bounded reads of error bodies, the mapping of aiohttp's failures to ``gateway.kernel.errors``, and
-the one log line per call (:class:`UpstreamCall`).
+"""The upstream HTTP transport: one pooled HTTP/1.1 client per provider (:mod:`adapters.http1`;
+TLS from the system trust store, an optional forward proxy), a call whose response body is read
+within one total deadline, bounded reads of error bodies, the mapping of the client's failures to
+``gateway.kernel.errors``, and the one log line per call (:class:`UpstreamCall`).
 
 Messages are the gateway's own words: no upstream URL, key or raw body ever reaches one.
 """
@@ -9,17 +9,25 @@ Messages are the gateway's own words: no upstream URL, key or raw body ever reac
 from __future__ import annotations
 
 import asyncio
-import logging
 import ssl
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
-import aiohttp
 import orjson
 import structlog
 
+from adapters.http1 import (
+    ConnectError,
+    ConnectionLost,
+    HTTPClientError,
+    InvalidRequest,
+    Pool,
+    ProtocolError,
+    ReadTimeout,
+    Response,
+)
 from adapters.sse import SSEDecodeError, SSEDecoder, SSEEvent
 from adapters.upstream_errors import map_status_error
 from gateway.kernel.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
@@ -35,13 +43,12 @@ __all__ = [
     "open_stream",
 ]
 
-# aiohttp's client logs nothing per request at INFO; keep it that way even under a DEBUG root.
-logging.getLogger("aiohttp.client").setLevel(logging.WARNING)
 log = structlog.get_logger("adapters.upstream")
 
 ERROR_BODY_LIMIT = 64 * 1024  # bytes of an error body read to pick a code; the rest is dropped
 # The provider's own id for a call, in a response header: OpenAI's x-request-id, Anthropic's request-id.
 _ID_HEADERS = ("x-request-id", "request-id")
+USER_AGENT = "openresponses-gateway"
 
 
 class UpstreamCall:
@@ -97,17 +104,32 @@ def _tls_context() -> ssl.SSLContext:
     return ctx
 
 
+class CallTimeouts(NamedTuple):
+    """One call's limits: ``total`` for all of it (the body too), ``connect`` for getting a
+    connection (waiting for a pooled one plus TCP/TLS), ``read`` between bytes (None: only total)."""
+
+    total: float
+    connect: float
+    read: float | None
+
+
 class UpstreamClient:
-    """One provider's pooled HTTP/1.1 keep-alive connections (an ``aiohttp.ClientSession`` made
+    """One provider's pooled HTTP/1.1 keep-alive connections (an :class:`adapters.http1.Pool` made
     lazily inside the running loop) and its timeouts.
 
-    aiohttp directly, not through httpx: measured here, httpx's request/response layer cost
-    ~165 µs of CPU per upstream call on top of the connection engine, about a fifth of the
-    gateway's whole cost per proxied request. aiohttp's ``total`` timeout is checked at each
-    await inside aiohttp (never across the caller's ``yield``), so one timer bounds a call.
+    Why this client: the gateway first used httpx, whose request/response layer cost ~165 µs of
+    CPU per upstream call on top of its connection engine (about a fifth of the gateway's cost
+    per proxied request), so it moved to aiohttp directly. Measured again for the WebSocket relay,
+    aiohttp itself cost ~170 µs of CPU per small streamed POST and ~1.3 µs per streamed HTTP chunk
+    where a bare asyncio protocol costs ~50 µs and ~0.35 µs: about a quarter of the gateway's CPU
+    per WebSocket turn. :mod:`adapters.http1` is that bare protocol made complete for the gateway
+    (httptools' C parser, a LIFO pool, proxy, TLS, gzip, the three timeouts with one timer per
+    call rather than per chunk): measured in the same runs, 0.24-0.47 of aiohttp's CPU for a small
+    streamed call, 0.13-0.19 of it for a 4096-chunk stream, and 20-29% less gateway CPU per
+    WebSocket turn; README "Upstream HTTP client" has the figures.
     """
 
-    __slots__ = ("_session", "_tls", "connect_timeout", "max_connections", "proxy", "read_timeout")
+    __slots__ = ("_pool", "_tls", "connect_timeout", "max_connections", "proxy", "read_timeout")
 
     def __init__(self, settings: ProviderSettings) -> None:
         t = settings.timeouts
@@ -115,37 +137,32 @@ class UpstreamClient:
         self.read_timeout = t.read
         self.max_connections = settings.max_connections
         self.proxy = settings.proxy.get_secret_value() if settings.proxy is not None else None
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: Pool | None = None
         self._tls: ssl.SSLContext | None = None
 
-    def timeout(self, total: float, *, streamed: bool = True) -> aiohttp.ClientTimeout:
-        """connect: waiting for a pooled connection plus connecting; sock_read: between bytes of a
+    def timeout(self, total: float, *, streamed: bool = True) -> CallTimeouts:
+        """connect: waiting for a pooled connection plus connecting; read: between bytes of a
         stream (an unstreamed reply may rightly be silent until it is whole: only ``total``)."""
-        connect = self.connect_timeout
-        return aiohttp.ClientTimeout(
-            total=total,
-            connect=connect,
-            sock_connect=connect,
-            sock_read=self.read_timeout if streamed else None,
-        )
+        return CallTimeouts(total, self.connect_timeout, self.read_timeout if streamed else None)
 
     @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
+    def pool(self) -> Pool:
+        if self._pool is None or self._pool.closed:
             if self._tls is None:
                 self._tls = _tls_context()
-            connector = aiohttp.TCPConnector(
-                limit=self.max_connections, keepalive_timeout=30.0, ttl_dns_cache=60, ssl=self._tls
+            self._pool = Pool(
+                max_connections=self.max_connections,
+                connect_timeout=self.connect_timeout,
+                tls=self._tls,
+                proxy=self.proxy,
+                user_agent=USER_AGENT,
             )
-            self._session = aiohttp.ClientSession(
-                connector=connector, trust_env=False, cookie_jar=aiohttp.DummyCookieJar()
-            )
-        return self._session
+        return self._pool
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.aclose()
 
 
 class UpstreamStream:
@@ -157,11 +174,10 @@ class UpstreamStream:
     rest so the connection can go back to the pool.
     """
 
-    __slots__ = ("_content", "response")
+    __slots__ = ("response",)
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, response: Response) -> None:
         self.response = response
-        self._content = response.content
 
     @property
     def status_code(self) -> int:
@@ -169,18 +185,16 @@ class UpstreamStream:
 
     @property
     def headers(self) -> Mapping[str, str]:
+        """The answer's headers, names in lower case."""
         return self.response.headers
 
     async def next_chunk(self) -> bytes | None:
-        """The next piece of the body, or None at its end."""
-        content = self._content
+        """All of the body that arrived since the last call (one piece per socket read, however
+        many HTTP chunks it held), or None at its end."""
         try:
-            if _TAKE_FAST and len(content._buffer) > 1 and content._exception is None:
-                return _take_buffered(content)
-            chunk = await content.readany()
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            return await self.response.read()
+        except (HTTPClientError, TimeoutError) as exc:
             raise map_transport_error(exc) from None
-        return chunk or None
 
     async def events(self) -> AsyncGenerator[SSEEvent, None]:
         """Server-sent events decoded from the body; an unterminated last event is delivered too."""
@@ -208,7 +222,7 @@ class UpstreamStream:
 
     async def drain(self, *, seconds: float = 1.0, max_bytes: int = 64 * 1024) -> bool:
         """Read and drop what is left of the body (briefly); True if it ended, so keep-alive works."""
-        if self._content.at_eof():  # the usual case: the body's end came with its last event
+        if self.response.at_eof:  # the usual case: the body's end came with its last event
             return True
         seen = 0
         try:
@@ -224,56 +238,7 @@ class UpstreamStream:
     def close(self) -> None:
         """A finished body returns the connection to the pool; an unfinished one closes it, so
         the upstream sees the client go and stops generating."""
-        if self._content.is_eof():
-            self.response.release()
-        else:
-            self.response.close()
-
-
-# aiohttp's ``StreamReader.readany`` takes its buffered pieces (one per HTTP chunk: an SSE
-# upstream sends one event per chunk) one at a time, and after each calls the protocol's
-# ``resume_reading``, which re-runs the HTTP parser on empty input and resumes the transport:
-# ~1.5-2 µs per upstream chunk here, the largest per-delta cost left in the relay (issue 14).
-# ``_take_buffered`` does what ``readany`` does with several pieces buffered (the same
-# bookkeeping as ``StreamReader._read_nowait_chunk``, aiohttp 3.10-3.14) with one
-# ``resume_reading`` at the end. It needs StreamReader's private slots: when a future aiohttp
-# lacks any of them, ``readany`` is used as before (tests/adapters/test_transport_take.py
-# checks that the fast path is active on the installed aiohttp and returns the same bytes).
-_TAKE_SLOTS = (
-    "_buffer",
-    "_buffer_offset",
-    "_size",
-    "_cursor",
-    "_http_chunk_splits",
-    "_low_water",
-    "_low_water_chunks",
-    "_protocol",
-    "_timer",
-    "_exception",
-)
-_TAKE_FAST = all(name in getattr(aiohttp.StreamReader, "__slots__", ()) for name in _TAKE_SLOTS)
-
-
-def _take_buffered(content: Any) -> bytes:
-    """Every piece buffered in ``content`` (an ``aiohttp.StreamReader`` holding two or more and
-    no exception), joined; flow control resumed once, as ``readany`` would after its last piece."""
-    content._timer.assert_timeout()
-    buf = content._buffer
-    if content._buffer_offset:  # only read(n) leaves a partly taken piece; the gateway never calls it
-        buf[0] = buf[0][content._buffer_offset :]
-        content._buffer_offset = 0
-    data = b"".join(buf)
-    buf.clear()
-    size = len(data)
-    content._size -= size
-    content._cursor += size
-    cursor = content._cursor
-    splits = content._http_chunk_splits
-    while splits and splits[0] < cursor:  # chunk ends already read (aiohttp keeps the current one)
-        splits.popleft()
-    if content._size < content._low_water and (splits is None or len(splits) < content._low_water_chunks):
-        content._protocol.resume_reading()
-    return data
+        self.response.release()
 
 
 @asynccontextmanager
@@ -297,16 +262,15 @@ async def open_stream(
     the upstream sees it.
     """
     try:
-        response = await client.session.request(
+        response = await client.pool.request(
             method,
             url,
-            data=orjson.dumps(json_body),
-            headers={"content-type": "application/json", **headers},
-            allow_redirects=False,
-            timeout=client.timeout(total_timeout, streamed=streamed),
-            proxy=client.proxy,
+            body=orjson.dumps(json_body),
+            headers=headers,  # content-type: application/json unless these name one
+            total=total_timeout,
+            read_timeout=client.read_timeout if streamed else None,
         )
-    except (aiohttp.ClientError, TimeoutError) as exc:
+    except (HTTPClientError, TimeoutError) as exc:
         raise map_transport_error(exc) from None
     stream = UpstreamStream(response)
     if call is not None:
@@ -333,15 +297,18 @@ async def _read_bounded(stream: UpstreamStream) -> bytes:
 
 
 def map_transport_error(exc: BaseException) -> UpstreamError:
-    """The gateway error for an aiohttp transport failure or the call's deadline (``TimeoutError``)."""
-    if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError):
+    """The gateway error for a failure of the HTTP client (:mod:`adapters.http1`) or the call's
+    deadline (``TimeoutError``)."""
+    if isinstance(exc, ConnectError):
         return UpstreamConnectError("The gateway could not connect to the upstream provider.", retryable=True)
-    if isinstance(exc, aiohttp.SocketTimeoutError):
+    if isinstance(exc, ReadTimeout):
         return UpstreamTimeout("The upstream provider did not respond in time.", retryable=True)
-    if isinstance(exc, TimeoutError):  # aiohttp's total timeout, or a caller's deadline
+    if isinstance(exc, TimeoutError):  # the call's total deadline, or a caller's
         return UpstreamTimeout("The upstream call exceeded its total time limit.", retryable=True)
-    if isinstance(exc, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError):
+    if isinstance(exc, ConnectionLost | ConnectionError):
         return UpstreamError("The connection to the upstream provider was lost.", retryable=True)
-    if isinstance(exc, aiohttp.ClientResponseError):
+    if isinstance(exc, ProtocolError):
         return UpstreamError("The upstream provider sent a malformed HTTP response.", retryable=True)
+    if isinstance(exc, InvalidRequest):
+        return UpstreamError(str(exc))  # fixed words (adapters/http1.py): never the URL or a value
     return UpstreamError("The upstream request failed.")

@@ -88,6 +88,19 @@ def _secret_url(schemes: tuple[str, ...]) -> AfterValidator:
     return AfterValidator(check)
 
 
+def _proxy_url(value: SecretStr | None) -> SecretStr | None:
+    """A forward proxy is reached in plain HTTP (https:// upstreams through it are CONNECT tunnels,
+    TLS end to end); TLS to the proxy itself is not supported (adapters/http1.py)."""
+    if value is not None:
+        if urlsplit(value.get_secret_value()).scheme == "https":
+            raise _invalid(
+                "an https:// proxy is not supported: give it as http:// "
+                "(calls to https:// upstreams through it stay TLS end to end)"
+            )
+        _check_url(value.get_secret_value(), ("http",))
+    return value
+
+
 def decode_aes_key(text: str) -> bytes:
     """A configured AES key: standard or URL-safe base64 of 16, 24 or 32 bytes (ValueError if not)."""
     raw = text.strip()
@@ -303,7 +316,7 @@ class ProviderSettings(_Strict):
     pass_through: bool = True  # "provider/model" names route here without a models: entry
     max_connections: int = Field(default=200, ge=1)
     # http://[user:pass@]host:port for upstream calls (none: direct)
-    proxy: Annotated[SecretStr | None, _secret_url(("http", "https"))] = None
+    proxy: Annotated[SecretStr | None, AfterValidator(_proxy_url)] = None
     # text/argument deltas decoded from one upstream read go out as one event (README "Relay cost");
     # false: one event per upstream delta
     merge_deltas: bool = True

@@ -1,9 +1,11 @@
 """Upstream TLS: certificates are verified against the system trust store (which honours
-``SSL_CERT_FILE``); an untrusted certificate is a connect error, never a silent downgrade."""
+``SSL_CERT_FILE``); an untrusted certificate is a connect error, never a silent downgrade; through
+a forward proxy an https:// upstream is a CONNECT tunnel with TLS end to end."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime as dt
 import ipaddress
 import ssl
@@ -16,10 +18,12 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from pydantic import ValidationError
 
 from adapters.transport import UpstreamClient, open_stream
 from gateway.kernel.errors import UpstreamConnectError
 from gateway.kernel.settings import ProviderSettings
+from tests.fakes.server import serve_raw
 
 BODY = b'{"ok":true}'
 
@@ -111,3 +115,79 @@ async def test_a_certificate_trusted_through_ssl_cert_file_works(
     url, cert = tls_server
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))
     assert await _call(url) == {"ok": True}
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except ConnectionError:
+        pass
+    finally:
+        writer.close()
+
+
+class _TunnelProxy:
+    """A forward proxy that answers ``CONNECT`` with ``status`` and, on 200, relays bytes both ways."""
+
+    def __init__(self, status: bytes = b"200 Connection established") -> None:
+        self.status = status
+        self.heads: list[bytes] = []
+
+    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        self.heads.append(head)
+        writer.write(b"HTTP/1.1 " + self.status + b"\r\n\r\n")
+        if not self.status.startswith(b"200"):
+            writer.close()
+            return
+        host, _, port = head.split(b" ")[1].decode().rpartition(":")
+        up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+
+
+async def test_an_https_upstream_through_the_proxy_is_a_tls_tunnel(
+    tls_server: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, cert = tls_server
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    proxy = _TunnelProxy()
+    async with serve_raw(proxy) as server:
+        settings = ProviderSettings(
+            kind="openai-chat", base_url=url, proxy=f"http://u:p%40ss@127.0.0.1:{server.port}"
+        )
+        client = UpstreamClient(settings)
+        try:
+            for _ in range(2):  # the second call reuses the tunnelled connection
+                async with open_stream(
+                    client, "POST", url + "/x", json_body={}, headers={}, total_timeout=10
+                ) as up:
+                    assert await up.read_json() == {"ok": True}
+        finally:
+            await client.aclose()
+    port = url.rsplit(":", 1)[1]
+    assert len(proxy.heads) == 2  # (the fixture's server closes after each answer)
+    head = proxy.heads[0]
+    assert head.startswith(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n".encode())
+    assert f"proxy-authorization: Basic {base64.b64encode(b'u:p@ss').decode()}\r\n".encode() in head
+
+
+async def test_a_proxy_refusing_the_tunnel_is_a_connect_error(tls_server: tuple[str, Path]) -> None:
+    url, _ = tls_server
+    async with serve_raw(_TunnelProxy(b"407 Proxy Authentication Required")) as server:
+        settings = ProviderSettings(kind="openai-chat", base_url=url, proxy=f"http://127.0.0.1:{server.port}")
+        client = UpstreamClient(settings)
+        try:
+            with pytest.raises(UpstreamConnectError):
+                async with open_stream(
+                    client, "POST", url + "/x", json_body={}, headers={}, total_timeout=10
+                ):
+                    pass
+        finally:
+            await client.aclose()
+
+
+def test_an_https_proxy_url_is_refused_in_the_settings() -> None:
+    with pytest.raises(ValidationError, match="an https:// proxy is not supported"):
+        ProviderSettings(kind="openai-chat", proxy="https://proxy.internal:3128")

@@ -1,4 +1,4 @@
-"""adapters/transport.py: aiohttp failures mapped to the gateway's errors, the pooled client's
+"""adapters/transport.py: the HTTP client's failures mapped to the gateway's errors, the pooled client's
 settings, and open_stream on real sockets (statuses, bounded error bodies, timeouts, proxy)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import asyncio
 import time
 from typing import Any
 
-import aiohttp
 import pytest
 
+from adapters.http1 import ConnectError, ConnectionLost, InvalidRequest, ProtocolError, ReadTimeout
 from adapters.transport import ERROR_BODY_LIMIT, UpstreamClient, map_transport_error, open_stream
 from gateway.kernel.errors import (
     UpstreamConnectError,
@@ -22,25 +22,20 @@ from gateway.kernel.settings import ProviderSettings, Timeouts
 from tests.adapters.helpers import MARKER, SECRET, assert_clean, openai_error
 from tests.fakes.server import serve_asgi, serve_raw, unused_port
 
+
 # -- map_transport_error --------------------------------------------------------------------------
-_CONN_KEY = aiohttp.client_reqrep.ConnectionKey("127.0.0.1", 1, False, True, None, None, None)
-
-
 @pytest.mark.parametrize(
     ("exc", "cls", "retryable"),
     [
-        (
-            aiohttp.ClientConnectorError(_CONN_KEY, OSError(111, f"refused {SECRET}")),
-            UpstreamConnectError,
-            True,
-        ),
-        (aiohttp.ConnectionTimeoutError(f"timed out http://x?key={SECRET}"), UpstreamConnectError, True),
-        (aiohttp.SocketTimeoutError("read"), UpstreamTimeout, True),
+        (ConnectError(f"refused {SECRET}"), UpstreamConnectError, True),
+        (ConnectError(f"timed out http://x?key={SECRET}"), UpstreamConnectError, True),
+        (ReadTimeout("read"), UpstreamTimeout, True),
         (TimeoutError(), UpstreamTimeout, True),
-        (aiohttp.ServerDisconnectedError(), UpstreamError, True),
-        (aiohttp.ClientPayloadError("truncated"), UpstreamError, True),
-        (aiohttp.ClientOSError(104, "reset"), UpstreamError, True),
-        (aiohttp.InvalidURL(f"ftp://x?key={SECRET}"), UpstreamError, False),
+        (ConnectionLost("closed"), UpstreamError, True),
+        (ConnectionResetError(104, "reset"), UpstreamError, True),
+        (ProtocolError(f"bad {SECRET}"), UpstreamError, True),
+        (InvalidRequest("The upstream URL is not an HTTP or HTTPS URL."), UpstreamError, False),
+        (ValueError(f"ftp://x?key={SECRET}"), UpstreamError, False),
     ],
 )
 def test_transport_errors(exc: BaseException, cls: type[UpstreamError], retryable: bool) -> None:
@@ -55,7 +50,8 @@ def test_client_settings() -> None:
     )
     client = UpstreamClient(s)
     t = client.timeout(100)
-    assert (t.total, t.sock_connect, t.sock_read) == (100, 3, 40)
+    assert (t.total, t.connect, t.read) == (100, 3, 40)
+    assert client.timeout(100, streamed=False).read is None
     assert client.max_connections == 7
 
 

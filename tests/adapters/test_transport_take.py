@@ -1,102 +1,104 @@
-"""adapters/transport.py's buffered-read fast path (``_take_buffered``): on the installed aiohttp it
-is active, returns exactly the body's bytes however its HTTP chunks arrive (many at once, more than
-aiohttp's flow-control thresholds, slowly), and keeps the connection reusable afterwards."""
+"""``UpstreamStream.next_chunk`` takes the whole body read so far (adapters/http1.py): many HTTP
+chunks written at once come out in a few reads, not one per chunk; more than the flow-control
+high water is paused and resumed without loss and with bounded buffering; paced chunks come as
+they arrive; and the connection is reusable afterwards."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-import aiohttp
-
-from adapters import transport
+from adapters import http1
 from adapters.transport import UpstreamClient, open_stream
 from gateway.kernel.settings import ProviderSettings
 from tests.fakes.server import serve_raw
-
-
-def test_fast_path_is_active_on_the_installed_aiohttp() -> None:
-    # if an aiohttp upgrade renames StreamReader's slots, the fallback (readany) still works,
-    # but the relay's per-chunk cost comes back: this test says so
-    assert transport._TAKE_FAST, [n for n in transport._TAKE_SLOTS if n not in aiohttp.StreamReader.__slots__]
 
 
 def _chunked(pieces: list[bytes]) -> bytes:
     return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
 
 
-async def _read_all(port: int, calls: int = 1) -> list[tuple[bytes, int]]:
-    """Each call's body and how many ``next_chunk`` reads it took, over one pooled connection."""
+async def _read_all(port: int, calls: int = 1, pause: float = 0.0) -> list[list[bytes]]:
+    """Each call's ``next_chunk`` results, one client's calls in turn (``pause``: the reader is
+    that slow between reads)."""
     client = UpstreamClient(ProviderSettings(kind="openai-chat", base_url=f"http://127.0.0.1:{port}"))
     out = []
     try:
         for _ in range(calls):
             async with open_stream(
-                client, "POST", f"http://127.0.0.1:{port}/x", json_body={}, headers={}, total_timeout=20
+                client, "POST", f"http://127.0.0.1:{port}/x", json_body={}, headers={}, total_timeout=30
             ) as up:
-                body, reads = bytearray(), 0
+                reads = []
                 while (chunk := await up.next_chunk()) is not None:
-                    body += chunk
-                    reads += 1
-                out.append((bytes(body), reads))
+                    reads.append(chunk)
+                    if pause:
+                        await asyncio.sleep(pause)
+                out.append(reads)
     finally:
         await client.aclose()
     return out
 
 
-def _handler(pieces: list[bytes], *, pace: float = 0.0, answers: int = 1) -> Any:
+class _Handler:
+    """Answers ``answers`` requests per connection with ``pieces`` as chunks; counts connections."""
+
+    def __init__(self, pieces: list[bytes], *, pace: float = 0.0, answers: int = 1) -> None:
+        self.pieces, self.pace, self.answers = pieces, pace, answers
+        self.connections = 0
+
+    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        await _answer(reader, writer, self.pieces, self.pace, self.answers)
+
+
+async def _answer(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pieces: list[bytes], pace: float, answers: int
+) -> None:
     head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        for _ in range(answers):
-            await reader.readuntil(b"\r\n\r\n")
-            await reader.readexactly(2)  # the body "{}" (content-length: 2)
-            if pace:
-                writer.write(head)
-                for p in pieces:
-                    writer.write(_chunked([p])[: -len(b"0\r\n\r\n")])
-                    await writer.drain()
-                    await asyncio.sleep(pace)
-                writer.write(b"0\r\n\r\n")
-            else:
-                writer.write(head + _chunked(pieces))  # everything in one write
-            await writer.drain()
-        writer.close()
-
-    return handle
+    for _ in range(answers):
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(2)  # the body "{}" (content-length: 2)
+        if pace:
+            writer.write(head)
+            for p in pieces:
+                writer.write(_chunked([p])[: -len(b"0\r\n\r\n")])
+                await writer.drain()
+                await asyncio.sleep(pace)
+            writer.write(b"0\r\n\r\n")
+        else:
+            writer.write(head + _chunked(pieces))  # everything in one write
+        await writer.drain()
+    writer.close()
 
 
-async def test_many_chunks_at_once_come_out_whole_in_few_reads(monkeypatch: Any) -> None:
-    taken = []
-    real = transport._take_buffered
-
-    def counted(content: Any) -> bytes:
-        taken.append(len(content._buffer))
-        return real(content)
-
-    monkeypatch.setattr(transport, "_take_buffered", counted)
+async def test_many_chunks_at_once_come_out_whole_in_few_reads() -> None:
     pieces = [b'data: {"n":%d}\n\n' % i for i in range(500)]
-    async with serve_raw(_handler(pieces, answers=2)) as server:
+    handler = _Handler(pieces, answers=2)
+    async with serve_raw(handler) as server:
         results = await _read_all(server.port, calls=2)
-    assert taken and max(taken) > 1  # the fast path took several buffered pieces at once
-    for body, reads in results:
-        assert body == b"".join(pieces)
-        assert reads < 50  # 500 chunks written at once: a few reads, not one per chunk
-    # both answers came over one connection: the fast path left the stream at a clean end
+    for reads in results:
+        assert b"".join(reads) == b"".join(pieces)
+        assert len(reads) < 10  # 500 chunks (~9 KB) written at once: a read or two, not one per chunk
+    assert handler.connections == 1  # both answers came over one connection: the first ended cleanly
 
 
-async def test_more_than_the_flow_control_thresholds() -> None:
-    # 20,000 chunks (> aiohttp's high-water chunk count, 4096) and ~3 MB (> its 128 KiB byte
-    # high water): reading pauses and resumes the transport many times; nothing is lost or stuck
+async def test_more_than_the_flow_control_high_water() -> None:
+    # ~3 MB in 20,000 chunks, read by a slow reader: the socket is paused above the high water
+    # (256 KiB) and resumed when taken; nothing is lost or stuck, and no read holds much more
+    # than the high water plus one socket read
     pieces = [(b"%06d" % i) * 25 for i in range(20_000)]
-    async with serve_raw(_handler(pieces)) as server:
-        [(body, _)] = await asyncio.wait_for(_read_all(server.port), 60)
-    assert body == b"".join(pieces)
+    handler = _Handler(pieces, answers=2)
+    async with serve_raw(handler) as server:
+        results = await asyncio.wait_for(_read_all(server.port, calls=2, pause=0.01), 60)
+    for reads in results:
+        assert b"".join(reads) == b"".join(pieces)
+        assert max(map(len, reads)) <= http1.HIGH_WATER + 512 * 1024
+    assert max(map(len, results[0])) > http1.HIGH_WATER  # the buffer did reach the high water
+    assert handler.connections == 1
 
 
 async def test_paced_chunks() -> None:
     pieces = [b"data: %d\n\n" % i for i in range(30)]
-    async with serve_raw(_handler(pieces, pace=0.002)) as server:
-        [(body, reads)] = await _read_all(server.port)
-    assert body == b"".join(pieces)
-    assert reads >= 2
+    async with serve_raw(_Handler(pieces, pace=0.002)) as server:
+        [reads] = await _read_all(server.port)
+    assert b"".join(reads) == b"".join(pieces)
+    assert len(reads) >= 2

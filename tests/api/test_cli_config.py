@@ -41,6 +41,11 @@ BAD_CONFIGS = [
         "http://",
     ),
     (
+        "providers:\n  up: {kind: openai-chat, proxy: 'https://proxy.internal:3128'}\n",
+        "providers.up.proxy",
+        "an https:// proxy is not supported",
+    ),
+    (
         "auth:\n  api_keys:\n    - {key: sk-shared, tenant: a}\n"
         f"    - {{sha256: {hashlib.sha256(b'sk-shared').hexdigest()}, tenant: b}}\n",
         "auth.api_keys.1",
