@@ -81,12 +81,14 @@ class RequestLog:
 
     __slots__ = ("fields", "routed", "span", "start")
 
-    def __init__(self, request: Request, transport: str) -> None:
+    def __init__(self, request: Request, transport: str, request_id: str | None = None) -> None:
+        """``request_id``: the caller's own (a WebSocket turn's); else the client's X-Request-Id
+        when it is id-shaped, or a new one."""
         self.start = time.perf_counter()
         self.routed = False  # the model resolved to a route: it may label metrics
         self.span: Span = NOOP_SPAN  # the request's span (tracing), told how it ended
         self.fields: dict[str, Any] = {
-            "request_id": safe_id(request.headers.get("x-request-id")) or new_id("req"),
+            "request_id": request_id or safe_id(request.headers.get("x-request-id")) or new_id("req"),
             "transport": transport,
         }
 

@@ -19,6 +19,7 @@ from gateway.api.common import RequestLog, error_response
 from gateway.api.encode import ws_bytes, ws_text
 from gateway.api.frames import TERMINAL_EVENTS, FrameWriter
 from gateway.api.lanes import Job, Lane, lane_of, tagged
+from gateway.api.live import LiveGateway
 from gateway.api.stall import StallWatch, abort_transport
 from gateway.api.steering import Handoff, SteerBook, Target
 from gateway.engine.auth import Principal
@@ -144,7 +145,9 @@ class Connection:
         self.queue_size = limits.ws_queue_size
         self.pending = 0  # admitted creates not yet finished, all lanes (queued + in flight)
         self.frame_limit = limits.max_ws_frame_bytes
-        self.deadline = asyncio.get_running_loop().time() + limits.ws_connection_seconds
+        self._loop = asyncio.get_running_loop()
+        self.live: LiveGateway = websocket.app.state.live  # the turns' gateway (a reload swaps it)
+        self.deadline = self._loop.time() + limits.ws_connection_seconds
         self.limit_minutes = limits.ws_connection_seconds / 60
         self.draining = False
         self.expired = False  # past the age limit: no turn starts any more
@@ -291,7 +294,7 @@ class Connection:
     # -- the lanes -----------------------------------------------------------------------------
     async def _lane(self, lane: Lane) -> None:
         """Run the lane's jobs in order; the lane ends when it has none left (or nothing may start)."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         try:
             while lane.jobs and not self.draining and loop.time() < self.deadline:
                 try:
@@ -318,7 +321,7 @@ class Connection:
 
     async def _settled(self, sid: str | None, target: Target) -> Target | None:
         """After a turn: its queued steering's pending or failed events, or its successor's turn."""
-        closing = self.draining or asyncio.get_running_loop().time() >= self.deadline
+        closing = self.draining or self._loop.time() >= self.deadline
         events, handoff = self.book.settle(target, closing)
         for event in events:
             await self._send(ws_text(event))
@@ -367,17 +370,21 @@ class Connection:
         successor's, or found here for a client's continuation). → the response's steering
         target, or None when no response came of it. The turn holds the gateway current when it
         starts (a reload may swap it meanwhile)."""
-        with self.ws.app.state.live.hold() as gw:
-            rlog = RequestLog(cast(Request, self.ws), "websocket")
+        live = self.live
+        gw = live.acquire()
+        try:
+            # each turn is a request of its own: its own request_id (the upgrade's X-Request-Id is not)
+            rlog = RequestLog(cast(Request, self.ws), "websocket", new_id("req"))
             # the turn's span (a no-op unless tracing is on), the child of the upgrade's traceparent
             with gw.tracer.server("websocket response.create", self.ws.headers, _SPAN_ATTRS) as span:
                 rlog.span = span
                 return await self._run_turn(sid, job, handoff, rlog, gw)
+        finally:
+            live.release(gw)
 
     async def _run_turn(
         self, sid: str | None, job: Job, handoff: Handoff | None, rlog: RequestLog, gw: Gateway
     ) -> Target | None:
-        rlog.fields["request_id"] = new_id("req")
         rlog.fields["connection_id"] = self.id
         if sid is not None:
             rlog.fields["stream_id"] = sid

@@ -5,8 +5,23 @@ from __future__ import annotations
 
 import os
 import re
+from collections import deque
 
 _FOREIGN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+# The random parts are drawn from the OS in batches (one getrandom call per 256 ids, not one per
+# id): each is still 96 fresh bits of os.urandom, shared with no other id. deque.popleft is atomic,
+# so threads never get the same one, and a forked child starts with an empty pool (its own bytes).
+_HEX_PER_ID = 24
+_BATCH = 256
+_pool: deque[str] = deque()
+
+
+def _refill() -> None:
+    raw = os.urandom(_HEX_PER_ID // 2 * _BATCH).hex()
+    _pool.extend([raw[i : i + _HEX_PER_ID] for i in range(0, len(raw), _HEX_PER_ID)])
+
+
+os.register_at_fork(after_in_child=_pool.clear)
 
 
 def safe_id(value: object) -> str | None:
@@ -16,7 +31,11 @@ def safe_id(value: object) -> str | None:
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}_{os.urandom(12).hex()}"
+    while True:
+        try:
+            return f"{prefix}_{_pool.popleft()}"
+        except IndexError:
+            _refill()
 
 
 def response_id() -> str:
