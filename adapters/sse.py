@@ -6,6 +6,7 @@ with CRLF, LF or CR, as the WHATWG event-stream grammar allows.
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import NamedTuple
 
 __all__ = ["SSEDecodeError", "SSEDecoder", "SSEEvent"]
@@ -153,12 +154,13 @@ class SSEDecoder:
                 self._field(line)
         return events
 
-    def feed_data(self, chunk: bytes) -> list[str] | None:
-        """The data of the events in ``chunk`` when it is nothing but whole one-line ``data: ``
-        events (LF endings, no other field) and no event is half-read: what :meth:`feed` would
-        return, as the events' ``data`` alone (each has no ``event:`` and the stream's last id).
-        None otherwise, with nothing consumed: call :meth:`feed` with the same chunk."""
-        # the usual upstream read (issue 14): one pass of C-level counting and one decode and
+    def feed_data(self, chunk: bytes, *, named: bool = False) -> tuple[list[str], list[str] | None] | None:
+        """The events in ``chunk`` when it is nothing but whole two-field events (each one
+        ``data: `` line, after one ``event: `` line or none; LF or CRLF endings) and no event is
+        half-read: what :meth:`feed` would return, as the events' ``data`` and, with ``named``
+        and ``event: `` lines, their names (each event has the stream's last id). None
+        otherwise, with nothing consumed: call :meth:`feed` with the same chunk."""
+        # the usual upstream read (issue 14): a few passes of C-level counting and one decode and
         # split, instead of a check, a slice, a decode and an event per event
         if (
             self._buf
@@ -168,20 +170,41 @@ class SSEDecoder:
             or self._id is not None
             or self._retry is not None
             or len(chunk) > self._max
-            or not chunk.endswith(b"\n\n")
-            or not chunk.startswith(b"data: ")  # also: no BOM
-            or b"\r" in chunk
         ):
             return None
-        n = chunk.count(b"\n\n")
-        # n blocks, each one "data: " line: exactly two LFs each, and each after the first starts
-        # with "data: " (a "\n\n\n" would add a third LF to some block)
-        if chunk.count(b"\n") != 2 * n or chunk.count(b"\n\ndata: ") != n - 1:
+        if b"\r" in chunk:
+            # CRLF endings (Gemini): the same lines as with LF endings, if no CR stands alone
+            if chunk.count(b"\r") != chunk.count(b"\r\n"):
+                return None
+            chunk = chunk.replace(b"\r\n", b"\n")
+        if not chunk.endswith(b"\n\n"):
+            return None
+        if chunk.startswith(b"data: "):  # also: no BOM
+            n = chunk.count(b"\n\n")
+            # n blocks, each one "data: " line: exactly two LFs each, and each after the first
+            # starts with "data: " (a "\n\n\n" would add a third LF to some block)
+            if chunk.count(b"\n") != 2 * n or chunk.count(b"\n\ndata: ") != n - 1:
+                return None
+            self._started = True
+            # UTF-8 errors are replaced per maximal invalid subpart, and the LFs between events
+            # are ASCII: decoding the whole read gives each event's text as decoding it alone would
+            return chunk[6:-2].decode("utf-8", "replace").split("\n\ndata: "), None
+        if not chunk.startswith(b"event: "):
+            return None
+        # "event: X\ndata: Y\n\n" blocks (Anthropic, Responses): lines in threes, the third empty
+        lines = chunk[:-1].decode("utf-8", "replace").split("\n")
+        if len(lines) % 3:
+            return None
+        names = lines[0::3]
+        datas = lines[1::3]
+        if (
+            any(lines[2::3])
+            or not all(map(str.startswith, names, repeat("event: ")))
+            or not all(map(str.startswith, datas, repeat("data: ")))
+        ):
             return None
         self._started = True
-        # UTF-8 errors are replaced per maximal invalid subpart, and the LFs between events are
-        # ASCII: decoding the whole read gives each event's text as decoding it alone would
-        return chunk[6:-2].decode("utf-8", "replace").split("\n\ndata: ")
+        return [d[6:] for d in datas], [e[7:] for e in names] if named else None
 
     def flush(self) -> list[SSEEvent]:
         """End of stream: treat an unterminated last line and event as complete (lenient)."""

@@ -44,6 +44,13 @@ class StreamTranslator(Protocol):
 
     def feed(self, chunk: dict[str, Any], /) -> list[Delta]: ...
 
+    def step(self, chunk: dict[str, Any], /) -> list[Delta] | str:
+        """What :meth:`feed` does, but a chunk of the translator's plain-text shape gives its text
+        alone (for ``feed``, ``[TextDelta(text)]``). The shape is such that the same chunk with
+        other text would give that text and leave the translator as this one did (the stream
+        loop reads such chunks' text straight from their JSON: ``_Reader``)."""
+        ...
+
     def end(self) -> list[Delta]: ...
 
 
@@ -129,65 +136,25 @@ class HTTPStreamAdapter(Generic[T]):
                     for delta in self.whole(translator, body):
                         yield delta
                     return
-                ended = False
-                feed = translator.feed
-                done_marker = self.done_marker
-                named_events = self.named_events
-                need_id = call.upstream_request_id is None
-                merge = self.settings.merge_deltas
-                decoder = SSEDecoder()
+                reader = _Reader(translator, self, call)
                 # One upstream read at a time: its events are decoded into ``ready`` before any is
                 # yielded, so that deltas that arrived together can go out as one (``merge_ready``).
                 # Nothing waits for more input: the read's deltas are all yielded before the next read.
-                while not ended:
+                while not reader.ended:
                     chunk = await upstream.next_chunk()
-                    # the usual read, whole "data: " events only: their data alone (names None)
-                    datas = decoder.feed_data(chunk) if chunk is not None else None
-                    names: list[str | None] | None = None
-                    if datas is None:
-                        try:
-                            events = decoder.feed(chunk) if chunk is not None else decoder.flush()
-                        except SSEDecodeError:
-                            raise UpstreamError(
-                                "The upstream provider sent an oversized stream event."
-                            ) from None
-                        datas = [e.data for e in events]
-                        if named_events:
-                            names = [e.event for e in events]
                     ready: list[Delta] = []
                     try:
-                        for index, data in enumerate(datas):
-                            if not data:
-                                continue
-                            if done_marker and data == "[DONE]":
-                                ended = True
-                                break
-                            try:
-                                parsed = orjson.loads(data)
-                            except orjson.JSONDecodeError:
-                                raise UpstreamError(
-                                    "The upstream provider sent malformed stream data."
-                                ) from None
-                            if not isinstance(parsed, dict):
-                                continue
-                            if need_id:  # the first chunk, for a provider that names its id there
-                                need_id = False
-                                call.body_id(parsed.get(_BODY_ID))
-                            if names is not None and "type" not in parsed and names[index]:
-                                parsed["type"] = names[index]
-                            ready += feed(parsed)
-                            if translator.done:
-                                ended = True
-                                break
+                        reader.read(chunk, ready)
                     except Exception:
                         # what came before the failing event still goes out first, as it arrived
-                        for delta in merge_ready(ready) if merge else ready:
+                        for delta in ready:
                             yield delta
                         raise
-                    for delta in merge_ready(ready) if merge else ready:
+                    for delta in ready:
                         yield delta
                     if chunk is None:
                         break
+                ended = reader.ended
                 if ended:
                     await upstream.drain()  # the body's end is normally right behind: reuse the socket
             for delta in self.finish(translator, ended):
@@ -202,6 +169,140 @@ class HTTPStreamAdapter(Generic[T]):
         """Close the connection pool (when the adapter owns it)."""
         if self._owns_client:
             await self._client.aclose()
+
+
+class _Reader:
+    """The decoding of one stream: each upstream read's events → the translator's deltas.
+
+    The usual event is one more piece of text in the same shape as the last (the same JSON but
+    for the text): once one plain-text chunk was parsed, a chunk that is its JSON with only the
+    text's characters changed is read without parsing, as ``prefix + text + suffix`` (see
+    :meth:`_learn`). With ``merge_deltas`` the texts of a run are joined at once; without, each
+    is its own ``TextDelta``, as the translator would give.
+    """
+
+    __slots__ = (
+        "_call",
+        "_decoder",
+        "_done_marker",
+        "_learn_left",
+        "_merge",
+        "_named",
+        "_need_id",
+        "_prefix",
+        "_suffix",
+        "_translator",
+        "ended",
+    )
+
+    def __init__(self, translator: StreamTranslator, adapter: HTTPStreamAdapter[Any], call: UpstreamCall) -> None:
+        self._translator = translator
+        self._call = call
+        self._decoder = SSEDecoder()
+        self._done_marker = adapter.done_marker
+        self._named = adapter.named_events
+        self._merge = adapter.settings.merge_deltas
+        self._need_id = call.upstream_request_id is None
+        self._prefix: str | None = None  # the raw JSON around the text of the last plain-text chunk
+        self._suffix = ""
+        self._learn_left = 4  # a stream whose chunks differ in more than text stops trying soon
+        self.ended = False  # [DONE] or the translator's terminal event was seen
+
+    def read(self, chunk: bytes | None, out: list[Delta]) -> None:
+        """Decode one upstream read (None: the body ended) into ``out``, merged when merging is
+        on. Raises ``UpstreamError`` for bad data; ``out`` then holds the events' before it."""
+        decoder = self._decoder
+        names: list[str | None] | list[str] | None = None
+        # the usual read, whole events only: their data (and, for named events, names)
+        fast = decoder.feed_data(chunk, named=self._named) if chunk is not None else None
+        if fast is not None:
+            datas, names = fast
+        else:
+            try:
+                events = decoder.feed(chunk) if chunk is not None else decoder.flush()
+            except SSEDecodeError:
+                raise UpstreamError("The upstream provider sent an oversized stream event.") from None
+            datas = [e.data for e in events]
+            if self._named:
+                names = [e.event for e in events]
+        translator = self._translator
+        step = translator.step
+        merge = self._merge
+        prefix = self._prefix
+        suffix = self._suffix
+        start = len(prefix) if prefix is not None else 0
+        cut = len(suffix)
+        texts: list[str] = []  # a run of plain text not yet in ``out`` (merging)
+        try:
+            for index, data in enumerate(datas):
+                if prefix is not None and data.startswith(prefix) and data.endswith(suffix):
+                    text = data[start : len(data) - cut]
+                    # no quote, backslash or control character: the same JSON, other text
+                    if text and '"' not in text and "\\" not in text and text.isprintable():
+                        if merge:
+                            texts.append(text)
+                        else:
+                            out.append(TextDelta(text))
+                        continue
+                if not data:
+                    continue
+                if self._done_marker and data == "[DONE]":
+                    self.ended = True
+                    break
+                try:
+                    parsed = orjson.loads(data)
+                except orjson.JSONDecodeError:
+                    raise UpstreamError("The upstream provider sent malformed stream data.") from None
+                if type(parsed) is not dict:
+                    continue
+                if self._need_id:  # the first chunk, for a provider that names its id there
+                    self._need_id = False
+                    self._call.body_id(parsed.get(_BODY_ID))
+                typed = names is None or "type" in parsed
+                if not typed and names[index]:  # type: ignore[index]
+                    parsed["type"] = names[index]  # type: ignore[index]
+                got = step(parsed)
+                if type(got) is str:
+                    if merge:
+                        texts.append(got)
+                    else:
+                        out.append(TextDelta(got))
+                    if typed and self._learn_left and self._learn(data, got):
+                        prefix = self._prefix
+                        suffix = self._suffix
+                        start = len(prefix)  # type: ignore[arg-type]
+                        cut = len(suffix)
+                    continue
+                if texts:
+                    out.append(TextDelta("".join(texts)))
+                    texts = []
+                out += got  # type: ignore[arg-type]
+                if translator.done:
+                    self.ended = True
+                    break
+        finally:
+            if texts:
+                out.append(TextDelta("".join(texts)))
+            if merge and len(out) > 1:
+                out[:] = merge_ready(out)
+
+    def _learn(self, data: str, text: str) -> bool:
+        """Take ``data`` (a plain-text chunk's JSON, carrying ``text``) as the shape of the next.
+
+        Only JSON without backslashes: then every quote is a string's, and the text's one
+        ``"text"`` in it is that string (were it also elsewhere, no shape is learnt). Any other
+        text without quotes, backslashes or control characters there gives the same JSON, and so
+        the same chunk but for its text."""
+        if "\\" in data:
+            return False
+        quoted = '"' + text + '"'
+        at = data.find(quoted)
+        if at < 0 or at != data.rfind(quoted):
+            return False
+        self._learn_left -= 1
+        self._prefix = data[: at + 1]
+        self._suffix = data[at + 1 + len(text) :]
+        return True
 
 
 def json_object(body: Any) -> dict[str, Any]:
