@@ -49,6 +49,7 @@ class SSEDecoder:
         "_id",
         "_last_id",
         "_max",
+        "_midway",
         "_retry",
         "_skip_lf",
         "_started",
@@ -66,9 +67,23 @@ class SSEDecoder:
         self._id: str | None = None  # set by this event's "id:" field
         self._last_id: str | None = None  # the last-event-id buffer; persists across events
         self._retry: int | None = None
+        self._midway = False  # a line or an event is half-read (or not known not to be)
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Decode ``chunk``; return the events it completes (often none or one)."""
+        self._midway = True  # until known otherwise, as when a limit is broken
+        events = self._feed(chunk)
+        self._midway = bool(
+            self._buf
+            or self._skip_lf
+            or self._data
+            or self._event is not None
+            or self._id is not None
+            or self._retry is not None
+        )
+        return events
+
+    def _feed(self, chunk: bytes) -> list[SSEEvent]:
         if not chunk:
             return []
         if self._skip_lf:
@@ -162,15 +177,7 @@ class SSEDecoder:
         otherwise, with nothing consumed: call :meth:`feed` with the same chunk."""
         # the usual upstream read (issue 14): a few passes of C-level counting and one decode and
         # split, instead of a check, a slice, a decode and an event per event
-        if (
-            self._buf
-            or self._skip_lf
-            or self._data
-            or self._event is not None
-            or self._id is not None
-            or self._retry is not None
-            or len(chunk) > self._max
-        ):
+        if self._midway or len(chunk) > self._max:
             return None
         if b"\r" in chunk:
             # CRLF endings (Gemini): the same lines as with LF endings, if no CR stands alone
@@ -180,6 +187,9 @@ class SSEDecoder:
         if not chunk.endswith(b"\n\n"):
             return None
         if chunk.startswith(b"data: "):  # also: no BOM
+            if chunk.find(b"\n") == len(chunk) - 2:  # one event (the usual read)
+                self._started = True
+                return [chunk[6:-2].decode("utf-8", "replace")], None
             n = chunk.count(b"\n\n")
             # n blocks, each one "data: " line: exactly two LFs each, and each after the first
             # starts with "data: " (a "\n\n\n" would add a third LF to some block)
@@ -191,6 +201,11 @@ class SSEDecoder:
             return chunk[6:-2].decode("utf-8", "replace").split("\n\ndata: "), None
         if not chunk.startswith(b"event: "):
             return None
+        first = chunk.find(b"\n")
+        if chunk.find(b"\n", first + 1) == len(chunk) - 2 and chunk.startswith(b"data: ", first + 1):
+            self._started = True  # one named event (the usual read)
+            data = chunk[first + 7 : -2].decode("utf-8", "replace")
+            return [data], [chunk[7:first].decode("utf-8", "replace")] if named else None
         # "event: X\ndata: Y\n\n" blocks (Anthropic, Responses): lines in threes, the third empty
         lines = chunk[:-1].decode("utf-8", "replace").split("\n")
         if len(lines) % 3:
@@ -223,6 +238,7 @@ class SSEDecoder:
         ev = self._dispatch()
         if ev is not None:
             events.append(ev)
+        self._midway = False
         return events
 
     # -- internals --------------------------------------------------------------------------

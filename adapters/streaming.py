@@ -30,7 +30,7 @@ from gateway.kernel.errors import UpstreamError
 from gateway.kernel.ids import safe_id
 from gateway.kernel.settings import ProviderSettings
 
-__all__ = ["HTTPStreamAdapter", "StreamTranslator", "json_object", "merge_ready"]
+__all__ = ["EventReader", "HTTPStreamAdapter", "StreamTranslator", "json_object", "merge_ready"]
 
 
 class StreamTranslator(Protocol):
@@ -48,7 +48,7 @@ class StreamTranslator(Protocol):
         """What :meth:`feed` does, but a chunk of the translator's plain-text shape gives its text
         alone (for ``feed``, ``[TextDelta(text)]``). The shape is such that the same chunk with
         other text would give that text and leave the translator as this one did (the stream
-        loop reads such chunks' text straight from their JSON: ``_Reader``)."""
+        loop reads such chunks' text straight from their JSON: ``EventReader``)."""
         ...
 
     def end(self) -> list[Delta]: ...
@@ -136,7 +136,13 @@ class HTTPStreamAdapter(Generic[T]):
                     for delta in self.whole(translator, body):
                         yield delta
                     return
-                reader = _Reader(translator, self, call)
+                reader = EventReader(
+                    translator,
+                    call,
+                    done_marker=self.done_marker,
+                    named=self.named_events,
+                    merge=self.settings.merge_deltas,
+                )
                 # One upstream read at a time: its events are decoded into ``ready`` before any is
                 # yielded, so that deltas that arrived together can go out as one (``merge_ready``).
                 # Nothing waits for more input: the read's deltas are all yielded before the next read.
@@ -171,7 +177,7 @@ class HTTPStreamAdapter(Generic[T]):
             await self._client.aclose()
 
 
-class _Reader:
+class EventReader:
     """The decoding of one stream: each upstream read's events → the translator's deltas.
 
     The usual event is one more piece of text in the same shape as the last (the same JSON but
@@ -195,13 +201,15 @@ class _Reader:
         "ended",
     )
 
-    def __init__(self, translator: StreamTranslator, adapter: HTTPStreamAdapter[Any], call: UpstreamCall) -> None:
+    def __init__(
+        self, translator: StreamTranslator, call: UpstreamCall, *, done_marker: bool, named: bool, merge: bool
+    ) -> None:
         self._translator = translator
         self._call = call
         self._decoder = SSEDecoder()
-        self._done_marker = adapter.done_marker
-        self._named = adapter.named_events
-        self._merge = adapter.settings.merge_deltas
+        self._done_marker = done_marker  # ``data: [DONE]`` ends the stream
+        self._named = named  # data without a "type" takes the SSE event name
+        self._merge = merge
         self._need_id = call.upstream_request_id is None
         self._prefix: str | None = None  # the raw JSON around the text of the last plain-text chunk
         self._suffix = ""
