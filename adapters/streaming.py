@@ -181,10 +181,11 @@ class EventReader:
     """The decoding of one stream: each upstream read's events → the translator's deltas.
 
     The usual event is one more piece of text in the same shape as the last (the same JSON but
-    for the text): once one plain-text chunk was parsed, a chunk that is its JSON with only the
-    text's characters changed is read without parsing, as ``prefix + text + suffix`` (see
-    :meth:`_learn`). With ``merge_deltas`` the texts of a run are joined at once; without, each
-    is its own ``TextDelta``, as the translator would give.
+    for the text): after a plain-text chunk was parsed, the next chunks that are its JSON with
+    only the text's characters changed are read without parsing, as ``prefix + text + suffix``
+    (see :meth:`_learn`), until a chunk of another shape comes. With ``merge_deltas`` the texts
+    of a run are joined at once; without, each is its own ``TextDelta``, as the translator would
+    give.
     """
 
     __slots__ = (
@@ -213,7 +214,7 @@ class EventReader:
         self._need_id = call.upstream_request_id is None
         self._prefix: str | None = None  # the raw JSON around the text of the last plain-text chunk
         self._suffix = ""
-        self._learn_left = 4  # a stream whose chunks differ in more than text stops trying soon
+        self._learn_left = 16  # a stream whose chunks differ in more than text stops trying soon
         self.ended = False  # [DONE] or the translator's terminal event was seen
 
     def read(self, chunk: bytes | None, out: list[Delta]) -> None:
@@ -270,16 +271,21 @@ class EventReader:
                 if not typed and names[index]:  # type: ignore[index]
                     parsed["type"] = names[index]  # type: ignore[index]
                 got = step(parsed)
+                # The shape to read the next chunks by is this chunk's, or none: a chunk read by
+                # it does to the translator what the chunk it was learnt from did, so that must
+                # be the last chunk fed (a Gemini chunk's usage is in its shape).
+                if type(got) is str and typed and self._learn_left:
+                    prefix = self._learn(data, got)
+                    suffix = self._suffix
+                    start = len(prefix) if prefix is not None else 0
+                    cut = len(suffix)
+                elif prefix is not None:
+                    prefix = self._prefix = None
                 if type(got) is str:
                     if merge:
                         texts.append(got)
                     else:
                         out.append(TextDelta(got))
-                    if typed and self._learn_left and self._learn(data, got):
-                        prefix = self._prefix
-                        suffix = self._suffix
-                        start = len(prefix)  # type: ignore[arg-type]
-                        cut = len(suffix)
                     continue
                 if texts:
                     out.append(TextDelta("".join(texts)))
@@ -294,23 +300,25 @@ class EventReader:
             if merge and len(out) > 1:
                 out[:] = merge_ready(out)
 
-    def _learn(self, data: str, text: str) -> bool:
-        """Take ``data`` (a plain-text chunk's JSON, carrying ``text``) as the shape of the next.
+    def _learn(self, data: str, text: str) -> str | None:
+        """Take ``data`` (a plain-text chunk's JSON, carrying ``text``) as the shape of the next;
+        the prefix before their text, or None when ``data`` cannot be one.
 
         Only JSON without backslashes: then every quote is a string's, and the text's one
         ``"text"`` in it is that string (were it also elsewhere, no shape is learnt). Any other
         text without quotes, backslashes or control characters there gives the same JSON, and so
         the same chunk but for its text."""
+        self._prefix = None
         if "\\" in data:
-            return False
+            return None
         quoted = '"' + text + '"'
         at = data.find(quoted)
         if at < 0 or at != data.rfind(quoted):
-            return False
+            return None
         self._learn_left -= 1
-        self._prefix = data[: at + 1]
+        self._prefix = prefix = data[: at + 1]
         self._suffix = data[at + 1 + len(text) :]
-        return True
+        return prefix
 
 
 def json_object(body: Any) -> dict[str, Any]:

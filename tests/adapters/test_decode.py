@@ -130,6 +130,7 @@ _RESPONSES = Provider(
         _TEXT.map(_responses_text),
         st.tuples(_TEXT, st.integers(0, 3)).map(lambda p: _responses_text(p[0], p[1], logprobs=[])),
         _TEXT.map(lambda t: _responses_text(t, logprobs=[{"token": t, "logprob": -1.0, "bytes": []}])),
+        _TEXT.map(lambda t: _responses_text(t, output_index=3)),
         _TEXT.map(lambda t: {"delta": t, "output_index": 0}),  # no "type": the SSE event name's
         st.just(
             {
@@ -223,7 +224,7 @@ _GEMINI = Provider(
         _TEXT.map(_gemini_text),
         _TEXT.map(_gemini_text),
         st.tuples(_TEXT, st.integers(1, 3)).map(lambda p: _gemini_text(p[0], p[1])),  # usage changes
-        _TEXT.map(lambda t: _gemini_text(t, thought=True)),
+        st.tuples(_TEXT, st.integers(1, 3)).map(lambda p: _gemini_text(p[0], p[1], thought=True)),
         _TEXT.map(lambda t: _gemini_text(t, thoughtSignature="c2ln")),
         _TEXT.map(_gemini_logprobs),
         st.just(
@@ -236,7 +237,8 @@ _GEMINI = Provider(
         st.just({"error": {"code": 503, "status": "UNAVAILABLE", "message": "busy"}}),
     ),
     _gemini_text,
-    [{**_gemini_text("", 5), "candidates": [{"content": {"parts": []}, "finishReason": "STOP", "index": 0}]}],
+    # the last chunk without usage: the usage of the chunks before stands
+    [{"candidates": [{"content": {"parts": []}, "finishReason": "STOP", "index": 0}]}],
     crlf=True,
 )
 
@@ -283,8 +285,9 @@ Reads = list[list[Delta] | str]  # each read's deltas; an error's message last
 
 def _fast(provider: Provider, chunks: list[bytes], merge: bool) -> tuple[Reads, str | None]:
     call = UpstreamCall("test", None)
+    translator = provider.translator()
     reader = EventReader(
-        provider.translator(), call, done_marker=provider.done_marker, named=provider.named, merge=merge
+        translator, call, done_marker=provider.done_marker, named=provider.named, merge=merge
     )
     reads: Reads = []
     for chunk in [*chunks, None]:
@@ -292,12 +295,11 @@ def _fast(provider: Provider, chunks: list[bytes], merge: bool) -> tuple[Reads, 
         try:
             reader.read(chunk, out)
         except UpstreamError as exc:
-            reads += [out, str(exc)]
-            break
+            return [*reads, out, str(exc)], call.upstream_request_id
         reads.append(out)
         if reader.ended:
             break
-    return reads, call.upstream_request_id
+    return [*reads, _end(translator, reader.ended)], call.upstream_request_id
 
 
 def _general(provider: Provider, chunks: list[bytes], merge: bool) -> tuple[Reads, str | None]:
@@ -334,12 +336,21 @@ def _general(provider: Provider, chunks: list[bytes], merge: bool) -> tuple[Read
                     ended = True
                     break
         except UpstreamError as exc:
-            reads += [merge_ready(ready) if merge else ready, str(exc)]
-            break
+            return [*reads, merge_ready(ready) if merge else ready, str(exc)], call.upstream_request_id
         reads.append(merge_ready(ready) if merge else ready)
         if ended:
             break
-    return reads, call.upstream_request_id
+    return [*reads, _end(translator, ended)], call.upstream_request_id
+
+
+def _end(translator: StreamTranslator, ended: bool) -> list[Delta] | str:
+    """The deltas held to the end (usage, finish), as the adapter's ``finish`` asks for them."""
+    try:
+        if isinstance(translator, ChatStreamTranslator):
+            return translator.end(done=ended)
+        return translator.end()
+    except UpstreamError as exc:
+        return str(exc)
 
 
 def _summary(reads: Reads) -> tuple[Any, ...]:
@@ -411,7 +422,7 @@ def test_a_learnt_shape_reads_other_text_and_nothing_else() -> None:
     # the same shape, but text JSON would not take as it is, or that changes the chunk's meaning
     odd = [plain.replace('"a"', raw) for raw in ('"x\\"y"', '"x\ty"', '"x","finish_reason":"length"', '""')]
     reads, _ = _read_once(_CHAT, _sse(plain, *shaped, "[DONE]"))
-    assert reads == [[TextDelta("abc dé😀")]]
+    assert reads == [[TextDelta("abc dé😀")], [Finish("stop")]]
     for data in odd:
         assert _read_once(_CHAT, _sse(plain, data, "[DONE]")) == _general(
             _CHAT, [_sse(plain, data, "[DONE]")], True
@@ -439,4 +450,19 @@ def test_without_merging_each_event_is_its_own_delta() -> None:
 def test_the_first_chunk_names_the_call_id() -> None:
     body = b"".join(b"data: " + orjson.dumps(_gemini_text(t)) + b"\r\n\r\n" for t in ("a", "b"))
     reads, upstream_id = _read_once(_GEMINI, body)
-    assert reads == [[TextDelta("ab")], []] and upstream_id == "resp-1"
+    assert reads[:2] == [[TextDelta("ab")], []] and upstream_id == "resp-1"
+
+
+def test_a_chunk_of_another_shape_ends_the_learnt_one() -> None:
+    """A Gemini chunk's usage is part of its shape: a text chunk read by the shape of one before
+    another chunk's usage must not leave that other usage standing."""
+    one, two = _gemini_text("a", 1), _gemini_text("b", 2, thought=True)
+    last = {"candidates": [{"content": {"parts": []}, "finishReason": "STOP", "index": 0}]}
+    body = b"".join(b"data: " + orjson.dumps(c) + b"\r\n\r\n" for c in (one, two, _gemini_text("c", 1), last))
+    reads, _ = _read_once(_GEMINI, body)
+    assert reads == _general(_GEMINI, [body], True)[0]
+    translator = GeminiStreamTranslator()
+    EventReader(translator, UpstreamCall("test", None), done_marker=False, named=False, merge=True).read(
+        body, []
+    )
+    assert translator.end()[0] == Usage(input_tokens=9, output_tokens=1)
