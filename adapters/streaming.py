@@ -197,6 +197,7 @@ class EventReader:
         "_named",
         "_need_id",
         "_prefix",
+        "_shape",
         "_suffix",
         "_translator",
         "ended",
@@ -214,7 +215,8 @@ class EventReader:
         self._need_id = call.upstream_request_id is None
         self._prefix: str | None = None  # the raw JSON around the text of the last plain-text chunk
         self._suffix = ""
-        self._learn_left = 16  # a stream whose chunks differ in more than text stops trying soon
+        self._shape = ("", "")  # the last shape learnt, (prefix, suffix)
+        self._learn_left = 8  # new shapes to learn: a stream whose chunks differ in more than text stops soon
         self.ended = False  # [DONE] or the translator's terminal event was seen
 
     def read(self, chunk: bytes | None, out: list[Delta]) -> None:
@@ -246,8 +248,14 @@ class EventReader:
             for index, data in enumerate(datas):
                 if prefix is not None and data.startswith(prefix) and data.endswith(suffix):
                     text = data[start : len(data) - cut]
-                    # no quote, backslash or control character: the same JSON, other text
-                    if text and '"' not in text and "\\" not in text and text.isprintable():
+                    # No quote, backslash or control character: the same JSON, other text. Else,
+                    # if it is one JSON string's inside (escapes...), the same JSON, that string.
+                    if '"' in text or "\\" in text or not text.isprintable():
+                        try:
+                            text = orjson.loads('"' + text + '"')
+                        except orjson.JSONDecodeError:
+                            text = ""  # not one string: the JSON is another (or none)
+                    if text:
                         if merge:
                             texts.append(text)
                         else:
@@ -274,7 +282,7 @@ class EventReader:
                 # The shape to read the next chunks by is this chunk's, or none: a chunk read by
                 # it does to the translator what the chunk it was learnt from did, so that must
                 # be the last chunk fed (a Gemini chunk's usage is in its shape).
-                if type(got) is str and typed and self._learn_left:
+                if type(got) is str and typed:
                     prefix = self._learn(data, got)
                     suffix = self._suffix
                     start = len(prefix) if prefix is not None else 0
@@ -305,19 +313,28 @@ class EventReader:
         the prefix before their text, or None when ``data`` cannot be one.
 
         Only JSON without backslashes: then every quote is a string's, and the text's one
-        ``"text"`` in it is that string (were it also elsewhere, no shape is learnt). Any other
-        text without quotes, backslashes or control characters there gives the same JSON, and so
-        the same chunk but for its text."""
+        ``"text"`` in it is that string (were it also elsewhere, no shape is learnt). Anything
+        else there that is a JSON string's inside (``orjson.loads('"' + it + '"')`` takes it)
+        gives the same JSON but for that string, and so the same chunk but for its text: as the
+        translator's ``step`` defines its plain-text shape, that text (when not empty) with the
+        same effect on the translator."""
         self._prefix = None
+        shape = self._shape
+        if not self._learn_left and not (data.startswith(shape[0]) and data.endswith(shape[1])):
+            return None  # no new shapes: this stream's chunks differ in more than their text
         if "\\" in data:
             return None
         quoted = '"' + text + '"'
         at = data.find(quoted)
         if at < 0 or at != data.rfind(quoted):
             return None
-        self._learn_left -= 1
-        self._prefix = prefix = data[: at + 1]
-        self._suffix = data[at + 1 + len(text) :]
+        prefix = data[: at + 1]
+        suffix = data[at + 1 + len(text) :]
+        if prefix != shape[0] or suffix != shape[1]:  # the same again (after a "\n" in the text...) is free
+            self._learn_left -= 1
+            self._shape = (prefix, suffix)
+        self._prefix = prefix
+        self._suffix = suffix
         return prefix
 
 
