@@ -418,16 +418,18 @@ def _read_once(provider: Provider, body: bytes, merge: bool = True) -> tuple[Rea
 
 def test_a_learnt_shape_reads_other_text_and_nothing_else() -> None:
     plain = orjson.dumps(_chat_text("a")).decode()
-    shaped = [plain.replace('"a"', f'"{t}"') for t in ("b", "c d", "é😀")]
-    # the same shape, but text JSON would not take as it is, or that changes the chunk's meaning
-    odd = [plain.replace('"a"', raw) for raw in ('"x\\"y"', '"x\ty"', '"x","finish_reason":"length"', '""')]
-    reads, _ = _read_once(_CHAT, _sse(plain, *shaped, "[DONE]"))
-    assert reads == [[TextDelta("abc dé😀")], [Finish("stop")]]
+    shaped = [plain.replace('"a"', f'"{t}"') for t in ("b", "c d", "é😀", "\u00a0")]
+    # escapes: the string decoded alone
+    escaped = [plain.replace('"a"', raw) for raw in ('"x\\"y"', '"\\n"', '"\\u00e9\\\\"')]
+    # the same shape, but text JSON would not take, or that changes the chunk's meaning
+    odd = [plain.replace('"a"', raw) for raw in ('"x\ty"', '"x","finish_reason":"length"', '""', '"x\\"')]
+    reads, _ = _read_once(_CHAT, _sse(plain, *shaped, *escaped, "[DONE]"))
+    assert reads == [[TextDelta('abc dé😀\u00a0x"y\né\\')], [Finish("stop")]]
     for data in odd:
         assert _read_once(_CHAT, _sse(plain, data, "[DONE]")) == _general(
             _CHAT, [_sse(plain, data, "[DONE]")], True
         )
-    assert _read_once(_CHAT, _sse(plain, odd[1]))[0] == [
+    assert _read_once(_CHAT, _sse(plain, odd[0]))[0] == [
         [TextDelta("a")],
         "The upstream provider sent malformed stream data.",
     ]
