@@ -25,6 +25,7 @@ from adapters.deltas import (
     ToolCallArgsDelta,
     ToolCallStart,
     Usage,
+    stepped,
 )
 from adapters.upstream_errors import error_code_from_body, map_stream_error
 from gateway.kernel.errors import UpstreamError
@@ -65,8 +66,7 @@ class MessagesStreamTranslator:
 
     def feed(self, event: Mapping[str, Any]) -> list[Delta]:
         """The deltas of one event. Raises ``UpstreamError`` for an ``error`` event."""
-        got = self.step(event)
-        return [TextDelta(got)] if type(got) is str else got  # type: ignore[return-value]
+        return stepped(self.step(event))
 
     def step(self, event: Mapping[str, Any]) -> list[Delta] | str:
         """:meth:`feed`, but the text alone for a text delta (``adapters.streaming``)."""

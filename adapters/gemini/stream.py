@@ -24,6 +24,7 @@ from adapters.deltas import (
     ToolCallArgsDelta,
     ToolCallStart,
     Usage,
+    stepped,
 )
 from adapters.upstream_errors import error_code_from_body, map_stream_error
 from gateway.kernel.errors import UpstreamError
@@ -59,8 +60,7 @@ class GeminiStreamTranslator:
 
     def feed(self, chunk: Mapping[str, Any]) -> list[Delta]:
         """The deltas of one chunk. Raises ``UpstreamError`` for an in-stream error object."""
-        got = self.step(chunk)
-        return [TextDelta(got)] if type(got) is str else got  # type: ignore[return-value]
+        return stepped(self.step(chunk))
 
     def step(self, chunk: Mapping[str, Any]) -> list[Delta] | str:
         """:meth:`feed`, but the text alone for a plain-text chunk (``adapters.streaming``): one

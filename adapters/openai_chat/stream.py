@@ -20,6 +20,7 @@ from adapters.deltas import (
     ToolCallArgsDelta,
     ToolCallStart,
     Usage,
+    stepped,
 )
 from adapters.upstream_errors import error_code_from_body
 from gateway.kernel.errors import UpstreamError
@@ -66,8 +67,7 @@ class ChatStreamTranslator:
 
     def feed(self, chunk: dict[str, Any]) -> list[Delta]:
         """The deltas in one chunk. Raises ``UpstreamError`` for an in-stream error chunk."""
-        got = self.step(chunk)
-        return [TextDelta(got)] if type(got) is str else got  # type: ignore[return-value]
+        return stepped(self.step(chunk))
 
     def step(self, chunk: dict[str, Any]) -> list[Delta] | str:
         """:meth:`feed`, but the text alone for a plain-text chunk (``adapters.streaming``)."""

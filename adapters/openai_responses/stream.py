@@ -23,6 +23,7 @@ from adapters.deltas import (
     ToolCallArgsDelta,
     ToolCallStart,
     Usage,
+    stepped,
 )
 from adapters.openai_responses.request import wrap_encrypted
 from adapters.upstream_errors import error_code_from_body, map_stream_error
@@ -61,8 +62,7 @@ class ResponsesStreamTranslator:
 
     def feed(self, event: Mapping[str, Any]) -> list[Delta]:
         """The deltas of one event. Raises ``UpstreamError`` for ``error`` / ``response.failed``."""
-        got = self.step(event)
-        return [TextDelta(got)] if type(got) is str else got  # type: ignore[return-value]
+        return stepped(self.step(event))
 
     def step(self, event: Mapping[str, Any]) -> list[Delta] | str:
         """:meth:`feed`, but the text alone for a text delta without logprobs
