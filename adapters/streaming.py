@@ -237,17 +237,16 @@ class EventReader:
             if self._named:
                 names = [e.event for e in events]
         translator = self._translator
-        step = translator.step
         merge = self._merge
         prefix = self._prefix
         suffix = self._suffix
         start = len(prefix) if prefix is not None else 0
-        cut = len(suffix)
+        cut = -len(suffix)  # a suffix begins with the text's closing quote: never empty
         texts: list[str] = []  # a run of plain text not yet in ``out`` (merging)
         try:
             for index, data in enumerate(datas):
                 if prefix is not None and data.startswith(prefix) and data.endswith(suffix):
-                    text = data[start : len(data) - cut]
+                    text = data[start:cut]
                     # No quote, backslash or control character: the same JSON, other text. Else,
                     # if it is one JSON string's inside (escapes...), the same JSON, that string.
                     if '"' in text or "\\" in text or not text.isprintable():
@@ -278,7 +277,7 @@ class EventReader:
                 typed = names is None or "type" in parsed
                 if not typed and names[index]:  # type: ignore[index]
                     parsed["type"] = names[index]  # type: ignore[index]
-                got = step(parsed)
+                got = translator.step(parsed)
                 # The shape to read the next chunks by is this chunk's, or none: a chunk read by
                 # it does to the translator what the chunk it was learnt from did, so that must
                 # be the last chunk fed (a Gemini chunk's usage is in its shape).
@@ -286,7 +285,7 @@ class EventReader:
                     prefix = self._learn(data, got)
                     suffix = self._suffix
                     start = len(prefix) if prefix is not None else 0
-                    cut = len(suffix)
+                    cut = -len(suffix)
                 elif prefix is not None:
                     prefix = self._prefix = None
                 if type(got) is str:
