@@ -114,3 +114,9 @@ Delta = (
     | Usage
     | Finish
 )
+
+
+def stepped(got: list[Delta] | str) -> list[Delta]:
+    """A stream translator's ``step`` result as ``feed`` gives it: a plain-text chunk's text (what
+    ``step`` returns alone, for the stream loop to join) as its one ``TextDelta``."""
+    return [TextDelta(got)] if isinstance(got, str) else got

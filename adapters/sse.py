@@ -6,6 +6,7 @@ with CRLF, LF or CR, as the WHATWG event-stream grammar allows.
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import NamedTuple
 
 __all__ = ["SSEDecodeError", "SSEDecoder", "SSEEvent"]
@@ -48,6 +49,7 @@ class SSEDecoder:
         "_id",
         "_last_id",
         "_max",
+        "_midway",
         "_retry",
         "_skip_lf",
         "_started",
@@ -65,9 +67,23 @@ class SSEDecoder:
         self._id: str | None = None  # set by this event's "id:" field
         self._last_id: str | None = None  # the last-event-id buffer; persists across events
         self._retry: int | None = None
+        self._midway = False  # a line or an event is half-read (or not known not to be)
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Decode ``chunk``; return the events it completes (often none or one)."""
+        self._midway = True  # until known otherwise, as when a limit is broken
+        events = self._feed(chunk)
+        self._midway = bool(
+            self._buf
+            or self._skip_lf
+            or self._data
+            or self._event is not None
+            or self._id is not None
+            or self._retry is not None
+        )
+        return events
+
+    def _feed(self, chunk: bytes) -> list[SSEEvent]:
         if not chunk:
             return []
         if self._skip_lf:
@@ -153,35 +169,57 @@ class SSEDecoder:
                 self._field(line)
         return events
 
-    def feed_data(self, chunk: bytes) -> list[str] | None:
-        """The data of the events in ``chunk`` when it is nothing but whole one-line ``data: ``
-        events (LF endings, no other field) and no event is half-read: what :meth:`feed` would
-        return, as the events' ``data`` alone (each has no ``event:`` and the stream's last id).
-        None otherwise, with nothing consumed: call :meth:`feed` with the same chunk."""
-        # the usual upstream read (issue 14): one pass of C-level counting and one decode and
+    def feed_data(self, chunk: bytes, *, named: bool = False) -> tuple[list[str], list[str] | None] | None:
+        """The events in ``chunk`` when it is nothing but whole two-field events (each one
+        ``data: `` line, after one ``event: `` line or none; LF or CRLF endings) and no event is
+        half-read: what :meth:`feed` would return, as the events' ``data`` and, with ``named``
+        and ``event: `` lines, their names (each event has the stream's last id). None
+        otherwise, with nothing consumed: call :meth:`feed` with the same chunk."""
+        # the usual upstream read (issue 14): a few passes of C-level counting and one decode and
         # split, instead of a check, a slice, a decode and an event per event
+        if self._midway or len(chunk) > self._max:
+            return None
+        if b"\r" in chunk:
+            # CRLF endings (Gemini): the same lines as with LF endings, if no CR stands alone
+            if chunk.count(b"\r") != chunk.count(b"\r\n"):
+                return None
+            chunk = chunk.replace(b"\r\n", b"\n")
+        if not chunk.endswith(b"\n\n"):
+            return None
+        if chunk.startswith(b"data: "):  # also: no BOM
+            if chunk.find(b"\n") == len(chunk) - 2:  # one event (the usual read)
+                self._started = True
+                return [chunk[6:-2].decode("utf-8", "replace")], None
+            n = chunk.count(b"\n\n")
+            # n blocks, each one "data: " line: exactly two LFs each, and each after the first
+            # starts with "data: " (a "\n\n\n" would add a third LF to some block)
+            if chunk.count(b"\n") != 2 * n or chunk.count(b"\n\ndata: ") != n - 1:
+                return None
+            self._started = True
+            # UTF-8 errors are replaced per maximal invalid subpart, and the LFs between events
+            # are ASCII: decoding the whole read gives each event's text as decoding it alone would
+            return chunk[6:-2].decode("utf-8", "replace").split("\n\ndata: "), None
+        if not chunk.startswith(b"event: "):
+            return None
+        first = chunk.find(b"\n")
+        if chunk.find(b"\n", first + 1) == len(chunk) - 2 and chunk.startswith(b"data: ", first + 1):
+            self._started = True  # one named event (the usual read)
+            data = chunk[first + 7 : -2].decode("utf-8", "replace")
+            return [data], [chunk[7:first].decode("utf-8", "replace")] if named else None
+        # "event: X\ndata: Y\n\n" blocks (Anthropic, Responses): lines in threes, the third empty
+        lines = chunk[:-1].decode("utf-8", "replace").split("\n")
+        if len(lines) % 3:
+            return None
+        names = lines[0::3]
+        datas = lines[1::3]
         if (
-            self._buf
-            or self._skip_lf
-            or self._data
-            or self._event is not None
-            or self._id is not None
-            or self._retry is not None
-            or len(chunk) > self._max
-            or not chunk.endswith(b"\n\n")
-            or not chunk.startswith(b"data: ")  # also: no BOM
-            or b"\r" in chunk
+            any(lines[2::3])
+            or not all(map(str.startswith, names, repeat("event: ")))
+            or not all(map(str.startswith, datas, repeat("data: ")))
         ):
             return None
-        n = chunk.count(b"\n\n")
-        # n blocks, each one "data: " line: exactly two LFs each, and each after the first starts
-        # with "data: " (a "\n\n\n" would add a third LF to some block)
-        if chunk.count(b"\n") != 2 * n or chunk.count(b"\n\ndata: ") != n - 1:
-            return None
         self._started = True
-        # UTF-8 errors are replaced per maximal invalid subpart, and the LFs between events are
-        # ASCII: decoding the whole read gives each event's text as decoding it alone would
-        return chunk[6:-2].decode("utf-8", "replace").split("\n\ndata: ")
+        return [d[6:] for d in datas], [e[7:] for e in names] if named else None
 
     def flush(self) -> list[SSEEvent]:
         """End of stream: treat an unterminated last line and event as complete (lenient)."""
@@ -200,6 +238,7 @@ class SSEDecoder:
         ev = self._dispatch()
         if ev is not None:
             events.append(ev)
+        self._midway = False
         return events
 
     # -- internals --------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from gateway.kernel.errors import UpstreamError
 from gateway.kernel.ids import safe_id
 from gateway.kernel.settings import ProviderSettings
 
-__all__ = ["HTTPStreamAdapter", "StreamTranslator", "json_object", "merge_ready"]
+__all__ = ["EventReader", "HTTPStreamAdapter", "StreamTranslator", "json_object", "merge_ready"]
 
 
 class StreamTranslator(Protocol):
@@ -43,6 +43,13 @@ class StreamTranslator(Protocol):
         ...
 
     def feed(self, chunk: dict[str, Any], /) -> list[Delta]: ...
+
+    def step(self, chunk: dict[str, Any], /) -> list[Delta] | str:
+        """What :meth:`feed` does, but a chunk of the translator's plain-text shape gives its text
+        alone (for ``feed``, ``[TextDelta(text)]``). The shape is such that the same chunk with
+        other text would give that text and leave the translator as this one did (the stream
+        loop reads such chunks' text straight from their JSON: ``EventReader``)."""
+        ...
 
     def end(self) -> list[Delta]: ...
 
@@ -129,65 +136,31 @@ class HTTPStreamAdapter(Generic[T]):
                     for delta in self.whole(translator, body):
                         yield delta
                     return
-                ended = False
-                feed = translator.feed
-                done_marker = self.done_marker
-                named_events = self.named_events
-                need_id = call.upstream_request_id is None
-                merge = self.settings.merge_deltas
-                decoder = SSEDecoder()
+                reader = EventReader(
+                    translator,
+                    call,
+                    done_marker=self.done_marker,
+                    named=self.named_events,
+                    merge=self.settings.merge_deltas,
+                )
                 # One upstream read at a time: its events are decoded into ``ready`` before any is
                 # yielded, so that deltas that arrived together can go out as one (``merge_ready``).
                 # Nothing waits for more input: the read's deltas are all yielded before the next read.
-                while not ended:
+                while not reader.ended:
                     chunk = await upstream.next_chunk()
-                    # the usual read, whole "data: " events only: their data alone (names None)
-                    datas = decoder.feed_data(chunk) if chunk is not None else None
-                    names: list[str | None] | None = None
-                    if datas is None:
-                        try:
-                            events = decoder.feed(chunk) if chunk is not None else decoder.flush()
-                        except SSEDecodeError:
-                            raise UpstreamError(
-                                "The upstream provider sent an oversized stream event."
-                            ) from None
-                        datas = [e.data for e in events]
-                        if named_events:
-                            names = [e.event for e in events]
                     ready: list[Delta] = []
                     try:
-                        for index, data in enumerate(datas):
-                            if not data:
-                                continue
-                            if done_marker and data == "[DONE]":
-                                ended = True
-                                break
-                            try:
-                                parsed = orjson.loads(data)
-                            except orjson.JSONDecodeError:
-                                raise UpstreamError(
-                                    "The upstream provider sent malformed stream data."
-                                ) from None
-                            if not isinstance(parsed, dict):
-                                continue
-                            if need_id:  # the first chunk, for a provider that names its id there
-                                need_id = False
-                                call.body_id(parsed.get(_BODY_ID))
-                            if names is not None and "type" not in parsed and names[index]:
-                                parsed["type"] = names[index]
-                            ready += feed(parsed)
-                            if translator.done:
-                                ended = True
-                                break
+                        reader.read(chunk, ready)
                     except Exception:
                         # what came before the failing event still goes out first, as it arrived
-                        for delta in merge_ready(ready) if merge else ready:
+                        for delta in ready:
                             yield delta
                         raise
-                    for delta in merge_ready(ready) if merge else ready:
+                    for delta in ready:
                         yield delta
                     if chunk is None:
                         break
+                ended = reader.ended
                 if ended:
                     await upstream.drain()  # the body's end is normally right behind: reuse the socket
             for delta in self.finish(translator, ended):
@@ -202,6 +175,166 @@ class HTTPStreamAdapter(Generic[T]):
         """Close the connection pool (when the adapter owns it)."""
         if self._owns_client:
             await self._client.aclose()
+
+
+class EventReader:
+    """The decoding of one stream: each upstream read's events → the translator's deltas.
+
+    The usual event is one more piece of text in the same shape as the last (the same JSON but
+    for the text): after a plain-text chunk was parsed, the next chunks that are its JSON with
+    only the text's characters changed are read without parsing, as ``prefix + text + suffix``
+    (see :meth:`_learn`), until a chunk of another shape comes. With ``merge_deltas`` the texts
+    of a run are joined at once; without, each is its own ``TextDelta``, as the translator would
+    give.
+    """
+
+    __slots__ = (
+        "_call",
+        "_decoder",
+        "_done_marker",
+        "_learn_left",
+        "_merge",
+        "_named",
+        "_need_id",
+        "_prefix",
+        "_shape",
+        "_suffix",
+        "_translator",
+        "ended",
+    )
+
+    def __init__(
+        self, translator: StreamTranslator, call: UpstreamCall, *, done_marker: bool, named: bool, merge: bool
+    ) -> None:
+        self._translator = translator
+        self._call = call
+        self._decoder = SSEDecoder()
+        self._done_marker = done_marker  # ``data: [DONE]`` ends the stream
+        self._named = named  # data without a "type" takes the SSE event name
+        self._merge = merge
+        self._need_id = call.upstream_request_id is None
+        self._prefix: str | None = None  # the raw JSON around the text of the last plain-text chunk
+        self._suffix = ""
+        self._shape = ("", "")  # the last shape learnt, (prefix, suffix)
+        self._learn_left = 8  # new shapes to learn: a stream whose chunks differ in more than text stops soon
+        self.ended = False  # [DONE] or the translator's terminal event was seen
+
+    def read(self, chunk: bytes | None, out: list[Delta]) -> None:
+        """Decode one upstream read (None: the body ended) into ``out``, merged when merging is
+        on. Raises ``UpstreamError`` for bad data; ``out`` then holds the events' before it."""
+        decoder = self._decoder
+        names: list[str | None] | list[str] | None = None
+        # the usual read, whole events only: their data (and, for named events, names)
+        fast = decoder.feed_data(chunk, named=self._named) if chunk is not None else None
+        if fast is not None:
+            datas, names = fast
+        else:
+            try:
+                events = decoder.feed(chunk) if chunk is not None else decoder.flush()
+            except SSEDecodeError:
+                raise UpstreamError("The upstream provider sent an oversized stream event.") from None
+            datas = [e.data for e in events]
+            if self._named:
+                names = [e.event for e in events]
+        translator = self._translator
+        merge = self._merge
+        prefix = self._prefix
+        suffix = self._suffix
+        start = len(prefix) if prefix is not None else 0
+        cut = -len(suffix)  # a suffix begins with the text's closing quote: never empty
+        texts: list[str] = []  # a run of plain text not yet in ``out`` (merging)
+        try:
+            for index, data in enumerate(datas):
+                if prefix is not None and data.startswith(prefix) and data.endswith(suffix):
+                    text = data[start:cut]
+                    # No quote, backslash or control character: the same JSON, other text. Else,
+                    # if it is one JSON string's inside (escapes...), the same JSON, that string.
+                    if '"' in text or "\\" in text or not text.isprintable():
+                        try:
+                            text = orjson.loads('"' + text + '"')
+                        except orjson.JSONDecodeError:
+                            text = ""  # not one string: the JSON is another (or none)
+                    if text:
+                        if merge:
+                            texts.append(text)
+                        else:
+                            out.append(TextDelta(text))
+                        continue
+                if not data:
+                    continue
+                if self._done_marker and data == "[DONE]":
+                    self.ended = True
+                    break
+                try:
+                    parsed = orjson.loads(data)
+                except orjson.JSONDecodeError:
+                    raise UpstreamError("The upstream provider sent malformed stream data.") from None
+                if type(parsed) is not dict:
+                    continue
+                if self._need_id:  # the first chunk, for a provider that names its id there
+                    self._need_id = False
+                    self._call.body_id(parsed.get(_BODY_ID))
+                typed = names is None or "type" in parsed
+                if not typed and names[index]:  # type: ignore[index]
+                    parsed["type"] = names[index]  # type: ignore[index]
+                got = translator.step(parsed)
+                # The shape to read the next chunks by is this chunk's, or none: a chunk read by
+                # it does to the translator what the chunk it was learnt from did, so that must
+                # be the last chunk fed (a Gemini chunk's usage is in its shape).
+                if type(got) is str and typed:
+                    prefix = self._learn(data, got)
+                    suffix = self._suffix
+                    start = len(prefix) if prefix is not None else 0
+                    cut = -len(suffix)
+                elif prefix is not None:
+                    prefix = self._prefix = None
+                if type(got) is str:
+                    if merge:
+                        texts.append(got)
+                    else:
+                        out.append(TextDelta(got))
+                    continue
+                if texts:
+                    out.append(TextDelta("".join(texts)))
+                    texts = []
+                out += got  # type: ignore[arg-type]
+                if translator.done:
+                    self.ended = True
+                    break
+        finally:
+            if texts:
+                out.append(TextDelta("".join(texts)))
+            if merge and len(out) > 1:
+                out[:] = merge_ready(out)
+
+    def _learn(self, data: str, text: str) -> str | None:
+        """Take ``data`` (a plain-text chunk's JSON, carrying ``text``) as the shape of the next;
+        the prefix before their text, or None when ``data`` cannot be one.
+
+        Only JSON without backslashes: then every quote is a string's, and the text's one
+        ``"text"`` in it is that string (were it also elsewhere, no shape is learnt). Anything
+        else there that is a JSON string's inside (``orjson.loads('"' + it + '"')`` takes it)
+        gives the same JSON but for that string, and so the same chunk but for its text: as the
+        translator's ``step`` defines its plain-text shape, that text (when not empty) with the
+        same effect on the translator."""
+        self._prefix = None
+        shape = self._shape
+        if not self._learn_left and not (data.startswith(shape[0]) and data.endswith(shape[1])):
+            return None  # no new shapes: this stream's chunks differ in more than their text
+        if "\\" in data:
+            return None
+        quoted = '"' + text + '"'
+        at = data.find(quoted)
+        if at < 0 or at != data.rfind(quoted):
+            return None
+        prefix = data[: at + 1]
+        suffix = data[at + 1 + len(text) :]
+        if prefix != shape[0] or suffix != shape[1]:  # the same again (after a "\n" in the text...) is free
+            self._learn_left -= 1
+            self._shape = (prefix, suffix)
+        self._prefix = prefix
+        self._suffix = suffix
+        return prefix
 
 
 def json_object(body: Any) -> dict[str, Any]:

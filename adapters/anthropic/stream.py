@@ -25,6 +25,7 @@ from adapters.deltas import (
     ToolCallArgsDelta,
     ToolCallStart,
     Usage,
+    stepped,
 )
 from adapters.upstream_errors import error_code_from_body, map_stream_error
 from gateway.kernel.errors import UpstreamError
@@ -65,9 +66,19 @@ class MessagesStreamTranslator:
 
     def feed(self, event: Mapping[str, Any]) -> list[Delta]:
         """The deltas of one event. Raises ``UpstreamError`` for an ``error`` event."""
+        return stepped(self.step(event))
+
+    def step(self, event: Mapping[str, Any]) -> list[Delta] | str:
+        """:meth:`feed`, but the text alone for a text delta (``adapters.streaming``)."""
         kind = event.get("type")
         if kind == "content_block_delta":
-            return self._delta(event.get("index", 0), event.get("delta") or {})
+            delta = event.get("delta") or {}
+            if delta.get("type") == "text_delta":  # the per-token event
+                text = delta.get("text")
+                if text and type(text) is str:
+                    return text
+                return [TextDelta(text)] if text else []
+            return self._delta(event.get("index", 0), delta)
         if kind == "content_block_start":
             return self._start(event.get("index", 0), event.get("content_block") or {})
         if kind == "content_block_stop":
@@ -129,8 +140,6 @@ class MessagesStreamTranslator:
 
     def _delta(self, index: int, delta: Mapping[str, Any]) -> list[Delta]:
         kind = delta.get("type")
-        if kind == "text_delta":
-            return [TextDelta(delta["text"])] if delta.get("text") else []
         if kind == "input_json_delta":
             if self._blocks.get(index) != "tool_use" or not delta.get("partial_json"):
                 return []

@@ -24,6 +24,7 @@ from adapters.deltas import (
     ToolCallArgsDelta,
     ToolCallStart,
     Usage,
+    stepped,
 )
 from adapters.upstream_errors import error_code_from_body, map_stream_error
 from gateway.kernel.errors import UpstreamError
@@ -59,6 +60,26 @@ class GeminiStreamTranslator:
 
     def feed(self, chunk: Mapping[str, Any]) -> list[Delta]:
         """The deltas of one chunk. Raises ``UpstreamError`` for an in-stream error object."""
+        return stepped(self.step(chunk))
+
+    def step(self, chunk: Mapping[str, Any]) -> list[Delta] | str:
+        """:meth:`feed`, but the text alone for a plain-text chunk (``adapters.streaming``): one
+        candidate whose one part is ``{"text": ...}`` alone, without a finish reason or logprobs
+        (its usage, the same in the next such chunk, is taken as :meth:`feed` takes it)."""
+        candidates = chunk.get("candidates")
+        if type(candidates) is list and len(candidates) == 1 and not chunk.get("error"):
+            candidate = candidates[0]
+            if type(candidate) is dict and not candidate.get("finishReason"):
+                content = candidate.get("content")
+                parts = content.get("parts") if type(content) is dict else None
+                if type(parts) is list and len(parts) == 1 and not candidate.get("logprobsResult"):
+                    part = parts[0]
+                    text = part.get("text") if type(part) is dict and len(part) == 1 else None
+                    if text and type(text) is str:
+                        usage = chunk.get("usageMetadata")
+                        if isinstance(usage, Mapping):
+                            self._usage = usage_from(usage)
+                        return text
         if chunk.get("error"):
             raise stream_error(chunk["error"])
         usage = chunk.get("usageMetadata")

@@ -20,6 +20,7 @@ from adapters.deltas import (
     ToolCallArgsDelta,
     ToolCallStart,
     Usage,
+    stepped,
 )
 from adapters.upstream_errors import error_code_from_body
 from gateway.kernel.errors import UpstreamError
@@ -66,10 +67,14 @@ class ChatStreamTranslator:
 
     def feed(self, chunk: dict[str, Any]) -> list[Delta]:
         """The deltas in one chunk. Raises ``UpstreamError`` for an in-stream error chunk."""
+        return stepped(self.step(chunk))
+
+    def step(self, chunk: dict[str, Any]) -> list[Delta] | str:
+        """:meth:`feed`, but the text alone for a plain-text chunk (``adapters.streaming``)."""
         choices = chunk.get("choices")
         # The per-token hot path, one upstream chunk per delta: one choice 0 whose delta is
-        # ``{"content": "..."}`` alone, no finish reason, logprobs, usage or error. The same
-        # TextDelta the general path below makes, with fewer lookups (issue 14).
+        # ``{"content": "..."}`` alone, no finish reason, logprobs, usage or error: the text of
+        # the TextDelta the general path below makes, with fewer lookups (issue 14).
         if choices and len(choices) == 1 and not chunk.get("usage") and not chunk.get("error"):
             choice = choices[0]
             if type(choice) is dict:
@@ -83,7 +88,7 @@ class ChatStreamTranslator:
                 ):
                     content = delta.get("content")
                     if content and type(content) is str:
-                        return [TextDelta(content)]
+                        return content
         if chunk.get("error"):
             raise _stream_error(chunk)
         usage = chunk.get("usage")

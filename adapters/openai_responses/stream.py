@@ -23,6 +23,7 @@ from adapters.deltas import (
     ToolCallArgsDelta,
     ToolCallStart,
     Usage,
+    stepped,
 )
 from adapters.openai_responses.request import wrap_encrypted
 from adapters.upstream_errors import error_code_from_body, map_stream_error
@@ -61,11 +62,20 @@ class ResponsesStreamTranslator:
 
     def feed(self, event: Mapping[str, Any]) -> list[Delta]:
         """The deltas of one event. Raises ``UpstreamError`` for ``error`` / ``response.failed``."""
+        return stepped(self.step(event))
+
+    def step(self, event: Mapping[str, Any]) -> list[Delta] | str:
+        """:meth:`feed`, but the text alone for a text delta without logprobs
+        (``adapters.streaming``)."""
         kind = event.get("type")
         oi = event.get("output_index", 0)
         if kind == "response.output_text.delta":
+            text = event.get("delta")
             logprobs = event.get("logprobs")
-            return self._piece(oi, TextDelta(event.get("delta") or "", logprobs or None))
+            if text and type(text) is str and not logprobs:  # the per-token event
+                self._streamed.add(oi)
+                return text
+            return self._piece(oi, TextDelta(text or "", logprobs or None))
         if kind == "response.function_call_arguments.delta":
             return self._piece(oi, ToolCallArgsDelta(oi, event.get("delta") or ""))
         if kind == "response.reasoning_summary_text.delta":

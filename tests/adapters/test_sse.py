@@ -164,11 +164,12 @@ def _data_first(chunks: list[bytes], max_event_bytes: int = 16 * 1024 * 1024) ->
     dec = SSEDecoder(max_event_bytes=max_event_bytes)
     out: list[tuple[str, str | None]] = []
     for c in chunks:
-        datas = dec.feed_data(c)
-        if datas is None:
+        fast = dec.feed_data(c, named=True)
+        if fast is None:
             out += [(e.data, e.event) for e in dec.feed(c)]
         else:
-            out += [(d, None) for d in datas]
+            datas, names = fast
+            out += zip(datas, names or [None] * len(datas), strict=True)
     out += [(e.data, e.event) for e in dec.flush()]
     return out
 
@@ -179,9 +180,14 @@ _raw_data = st.binary(max_size=10).map(lambda b: b.replace(b"\n", b"").replace(b
 @st.composite
 def _mixed_streams(draw: st.DrawFn) -> bytes:
     """Mostly one-line ``data: `` events (any bytes, invalid UTF-8 included), some other lines."""
-    other = st.sampled_from([b"event: ping\n", b": c\n", b"id: 7\n", b"\n", b"data:x\n", b"data: a\nb\n"])
-    parts = draw(st.lists(st.one_of(_raw_data.map(lambda d: b"data: " + d + b"\n\n"), other), max_size=30))
-    return b"".join(parts)
+    other = st.sampled_from(
+        [b"event: ping\n", b": c\n", b"id: 7\n", b"\n", b"data:x\n", b"data: a\nb\n", b"event:\n", b"\r"]
+    )
+    data = _raw_data.map(lambda d: b"data: " + d + b"\n\n")
+    named = st.tuples(_raw_data, _raw_data).map(lambda p: b"event: " + p[0] + b"\ndata: " + p[1] + b"\n\n")
+    parts = draw(st.lists(st.one_of(data, named, other), max_size=30))
+    raw = b"".join(parts)
+    return raw.replace(b"\n", b"\r\n") if draw(st.booleans()) else raw  # CRLF endings, as Gemini's
 
 
 @settings(max_examples=300, deadline=None)
@@ -197,17 +203,24 @@ def test_feed_data_matches_feed(raw: bytes, cuts: list[int]) -> None:
 
 def test_feed_data_takes_whole_data_events_only() -> None:
     dec = SSEDecoder()
-    assert dec.feed_data(b'data: {"a":1}\n\ndata: \xe2\x82\n\ndata: [DONE]\n\n') == [
-        '{"a":1}',
-        "\ufffd",
-        "[DONE]",
-    ]
+    assert dec.feed_data(b'data: {"a":1}\n\ndata: \xe2\x82\n\ndata: [DONE]\n\n') == (
+        ['{"a":1}', "\ufffd", "[DONE]"],
+        None,
+    )
+    assert dec.feed_data(b"data: a\r\n\r\ndata: b\r\n\r\n") == (["a", "b"], None)
+    named = b"event: x\ndata: a\n\nevent: \ndata: b\n\n"
+    assert dec.feed_data(named) == (["a", "b"], None)
+    assert dec.feed_data(named, named=True) == (["a", "b"], ["x", ""])
     for declined in (
         b"data: a\n\ndata: b",  # an event half-read
         b"data: a\n\n\n\ndata: b\n\n",  # an extra blank line
         b"data: a\nb\n\n",  # a second line
-        b"event: x\ndata: a\n\n",
-        b"data: a\r\n\r\n",
+        b"event: x\ndata: a\nid: 1\n\n",
+        b"data: a\nevent: x\n\n",
+        b"event: x\n\ndata: a\n\n",
+        b"event: x\ndata: a\n\ndata: b\n\n",  # an event without a name among named ones
+        b"data: a\r\n\r",  # a CR that may begin a CRLF
+        b"data: a\r\rdata: b\n\n",  # CR endings
         b"\xef\xbb\xbfdata: a\n\n",  # a BOM
         b"data:a\n\n",
     ):
