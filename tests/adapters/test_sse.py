@@ -215,6 +215,9 @@ def test_feed_data_takes_whole_data_events_only() -> None:
         b"data: a\n\ndata: b",  # an event half-read
         b"data: a\n\n\n\ndata: b\n\n",  # an extra blank line
         b"data: a\nb\n\n",  # a second line
+        b"data: a\n\n\ndata: b\n\n",  # three LFs between events
+        b"data: a\ndata: b\n\n",  # two data lines in one event
+        b"data: a\n\ndata: b\n\ndata: c\nd\n\n",  # a second line in the last of several
         b"event: x\ndata: a\nid: 1\n\n",
         b"data: a\nevent: x\n\n",
         b"event: x\n\ndata: a\n\n",
