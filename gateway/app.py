@@ -23,6 +23,7 @@ from compact.truncation import fit_context
 from gateway import tracing
 from gateway.api import admin, compact, http, ops, stored, usage
 from gateway.api.common import error_response
+from gateway.api.inflight import InFlight
 from gateway.api.live import LiveGateway
 from gateway.api.reload import Reloader
 from gateway.api.stall import StallWatch
@@ -218,6 +219,7 @@ def create_app(
     app.state.metrics = Metrics(settings)
     app.state.tracer = tracing.from_settings(settings)  # a test may put its own before the start
     app.state.ws_hub = WebSocketHub()
+    app.state.inflight = InFlight()  # the turns a shutdown's deadline ends (gateway/api/inflight.py)
     app.state.stall_watch = StallWatch(settings.limits.client_send_seconds)
     for path in ("/v1/responses", "/v1/codex/responses"):
         app.router.add_websocket_route(path, responses_socket)

@@ -21,6 +21,7 @@ import uvicorn
 
 from gateway import __version__
 from gateway.api.server_protocol import BoundedReads, bounded_protocol
+from gateway.kernel.errors import ServiceUnavailable
 from gateway.kernel.settings import ConfigError, Settings, listener_warnings, load_settings
 from gateway.logs import configure_logging, log_config_error
 from gateway.supervisor import Supervisor, bind
@@ -50,6 +51,11 @@ def uvicorn_http_options(settings: Settings) -> dict[str, Any]:
     """uvicorn's HTTP/1.1 protocol with the gateway's read bounds (gateway/api/server_protocol.py):
     the request head capped (431), head and body read timeouts (408)."""
     return {"http": bounded_protocol(settings.limits)}
+
+
+# what a response still generating at the end of the shutdown's drain ends with (its client can
+# send it again: another replica, or this one restarted, answers)
+_CUT_MESSAGE = "The gateway shut down before this response was finished; send the request again."
 
 
 class GatewayServer(uvicorn.Server):
@@ -97,10 +103,20 @@ class GatewayServer(uvicorn.Server):
             if isinstance(conn, BoundedReads):
                 conn.shutdown()  # idle: closed now; answering: closed after the response
         hub = self.gateway_app.state.ws_hub
-        drain = asyncio.ensure_future(hub.drain(self.drain_seconds))
+        # the hub's own cut comes after the responses still running at the deadline were ended
+        drain = asyncio.ensure_future(hub.drain(self.drain_seconds + self.CUT_SECONDS))
         if not await self._settle(deadline):
-            # The hub cancels the turns still running at its deadline; a second Ctrl-C cuts at once.
-            log.warning("shutdown_cut", handlers=len(state.tasks), connections=len(state.connections))
+            # The responses still generating end failed, their clients told why, then the hub
+            # cancels the turns still running at its deadline; a second Ctrl-C cuts at once.
+            inflight = self.gateway_app.state.inflight
+            log.warning(
+                "shutdown_cut",
+                handlers=len(state.tasks),
+                connections=len(state.connections),
+                responses=len(inflight),
+            )
+            if not self.force_exit and inflight.abort_all(ServiceUnavailable(_CUT_MESSAGE)):
+                await self._settle(loop.time() + self.CUT_SECONDS)  # their terminal events go out
             cut = asyncio.ensure_future(hub.drain(0)) if self.force_exit else drain
             await asyncio.wait((cut,), timeout=self.CUT_SECONDS)
             cut.cancel()

@@ -17,6 +17,7 @@ from gateway.api.common import RequestLog, error_response, read_request
 from gateway.api.disconnect import DisconnectWatch
 from gateway.api.encode import SSE_DONE, json_bytes, sse_frame
 from gateway.api.frames import BodyWriter
+from gateway.api.inflight import InFlight
 from gateway.api.stall import StallWatch
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.turn import Turn
@@ -67,6 +68,8 @@ async def _respond(
         if turn.rate_headers:
             headers.update(turn.rate_headers)
             extra += [(k.encode(), v.encode()) for k, v in turn.rate_headers.items()]
+        inflight: InFlight = request.app.state.inflight
+        inflight.add(turn)
         try:
             if body.stream:
                 stalls: StallWatch = request.app.state.stall_watch
@@ -80,6 +83,8 @@ async def _respond(
                 await _send_json(turn, extra, send)
         except GatewayError as err:  # before the first event: an ordinary error response
             await error_response(err, headers)(scope, receive, send)
+        finally:
+            inflight.discard(turn)
     if watch.gone:
         rlog.fields.setdefault("client_gone", True)
 

@@ -18,6 +18,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from gateway.api.common import RequestLog, error_response
 from gateway.api.encode import ws_bytes, ws_text
 from gateway.api.frames import TERMINAL_EVENTS, FrameWriter
+from gateway.api.inflight import InFlight
 from gateway.api.lanes import Job, Lane, lane_of, tagged
 from gateway.api.live import LiveGateway
 from gateway.api.stall import StallWatch, abort_transport
@@ -147,6 +148,7 @@ class Connection:
         self.frame_limit = limits.max_ws_frame_bytes
         self._loop = asyncio.get_running_loop()
         self.live: LiveGateway = websocket.app.state.live  # the turns' gateway (a reload swaps it)
+        self.inflight: InFlight = websocket.app.state.inflight  # what a shutdown's deadline ends
         self.deadline = self._loop.time() + limits.ws_connection_seconds
         self.limit_minutes = limits.ws_connection_seconds / 60
         self.draining = False
@@ -433,12 +435,16 @@ class Connection:
             async def opened() -> None:
                 self.book.commit(committing, target)
 
+        inflight = self.inflight
+        inflight.add(turn)
         try:
             await turn.run(self._emit if sid is None else self._lane_emit(sid), opened=opened)
         except GatewayError as err:  # before generation: the envelope only
             self.book.drop(target)
             await self._refused(sid, err, handoff)
             return None
+        finally:
+            inflight.discard(turn)
         return target
 
     async def _refused(self, sid: str | None, err: GatewayError, handoff: Handoff | None) -> None:

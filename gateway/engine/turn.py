@@ -163,7 +163,8 @@ class Turn:
         self.compaction: dict[str, Any] | None = None
         # the try that answered: its deployment, start (perf_counter) and span, until the stream ends
         self._timing: tuple[Deployment, float, Span] | None = None
-        self._stop: str | None = None  # a stop was asked for, with this incomplete_details.reason
+        # a stop was asked for: with this incomplete_details.reason, or a failure (``abort``)
+        self._stop: str | GatewayError | None = None
         self._decided = False  # the stream loop is over: a stop can no longer change the outcome
         self._reading = False  # the relay is awaiting the upstream's next delta
         self._cut = False  # the stop cancelled that await
@@ -189,10 +190,30 @@ class Turn:
             return False
         if self._stop is None:
             self._stop = reason
-            if self._reading and self._task is not None and not self.builder.call_open:
-                self._cut = True
-                self._task.cancel()  # the await on the upstream; caught in _events
+            if not self.builder.call_open:
+                self._cut_wait()
         return True
+
+    def abort(self, error: GatewayError) -> bool:
+        """End the response now as ``failed`` with ``error`` (the gateway's drain deadline has
+        come): at once while the relay waits on the upstream, else at its next delta, a function
+        call's arguments included; then the upstream call is cancelled and the client gets the
+        error and ``response.failed``. False: too late, the outcome is already decided."""
+        if self._decided:
+            return False
+        self._stop = error
+        self._cut_wait()
+        return True
+
+    def _cut_wait(self) -> None:
+        if self._reading and self._task is not None and not self._cut:
+            self._cut = True
+            self._task.cancel()  # the await on the upstream; caught in _events
+
+    def _stop_now(self) -> bool:
+        """A stop is pending that need not wait for anything (no call open, or a failure)."""
+        stop = self._stop
+        return stop is not None and (not self.builder.call_open or isinstance(stop, GatewayError))
 
     # -- the runner ------------------------------------------------------------------------------
     async def run(
@@ -382,7 +403,7 @@ class Turn:
                             yield ev
                             count += 1
                 if self._stream is not None and not stopped:
-                    if self._stop is not None and not b.call_open:
+                    if self._stop_now():
                         stopped = True
                     else:
                         self._reading = True
@@ -399,7 +420,7 @@ class Turn:
                                     "The response exceeded the gateway's event limit.",
                                     code="event_limit_exceeded",
                                 )
-                            if self._stop is not None and not b.call_open:
+                            if self._stop_now():
                                 stopped = True
                                 break
                             self._reading = True
@@ -412,8 +433,14 @@ class Turn:
                 self._decided = True
             if stopped:
                 await self._close()  # cancel the upstream call before the end-of-turn hooks
-                assert self._stop is not None
-                terminal = b.interrupt(self._stop)
+                stop = self._stop
+                assert stop is not None
+                if isinstance(stop, GatewayError):
+                    log.warning("turn_aborted", request_id=res.request_id, code=stop.code)
+                    terminal = b.fail(stop)
+                    res.error = stop
+                else:
+                    terminal = b.interrupt(stop)
             else:
                 terminal = b.finish()
         except GatewayError as exc:
@@ -440,7 +467,10 @@ class Turn:
             yield ev
 
     def _stops_before(self, delta: Delta) -> bool:
-        """A stop is pending: whether to end before ``delta`` (only an open call's own deltas pass)."""
+        """A stop is pending: whether to end before ``delta`` (only an open call's own deltas pass,
+        and not even those for a failure)."""
+        if isinstance(self._stop, GatewayError):
+            return True
         return not (self.builder.call_open and isinstance(delta, _CALL_PARTS))
 
     def _own_cut(self) -> bool:

@@ -226,12 +226,61 @@ async def test_drain_timeout_cuts_what_is_left() -> None:
         await ws.recv()
         started = time.monotonic()
         served.server.should_exit = True
+        seen = []
         with pytest.raises(ConnectionClosed):
             while True:
-                await asyncio.wait_for(ws.recv(), 5)
+                seen.append(orjson.loads(await asyncio.wait_for(ws.recv(), 5)))
         assert ws.close_code == 1001
         assert time.monotonic() - started < 5  # 0.5 s drain, plus slack for a loaded machine
         assert slow.closed.is_set() and not slow.completed.is_set()
+        # the response still running at the deadline ended failed, its client told why, then 1001
+        failed = seen[-1]
+        assert failed["type"] == "response.failed", seen[-3:]
+        assert failed["response"]["error"]["code"] == "service_unavailable"
+        assert "shut down" in failed["response"]["error"]["message"]
+        [message] = failed["response"]["output"]
+        assert message["status"] == "incomplete" and message["content"][0]["text"].startswith("p0 ")
+        assert [e["sequence_number"] for e in seen] == list(range(1, len(seen) + 1))
+    finally:
+        served.stop()
+
+
+async def test_drain_timeout_ends_sse_and_json_responses_with_their_error() -> None:
+    """At the drain deadline an SSE stream gets ``error`` + ``response.failed`` + ``[DONE]`` and a
+    JSON request its 503 error body, instead of a connection cut mid-answer."""
+    served = served_with_drain(Settings(), drain_seconds=0.8)
+    try:
+        slow = Slow(pieces=100, delay=0.1)
+        install(served, "slow", slow)
+        async with httpx.AsyncClient(base_url=served.base_url, timeout=10) as http:
+
+            async def sse() -> list[bytes]:
+                body = {"model": "slow", "input": "too long", "stream": True}
+                async with http.stream("POST", "/v1/responses", json=body) as r:
+                    assert r.status_code == 200
+                    return [chunk async for chunk in r.aiter_bytes()]
+
+            async def whole() -> httpx.Response:
+                return await http.post("/v1/responses", json={"model": "slow", "input": "too long"})
+
+            streamed, answered = asyncio.create_task(sse()), asyncio.create_task(whole())
+            for _ in range(200):  # both requests have reached the model
+                if slow.calls >= 2:
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)
+            served.server.should_exit = True
+            raw = b"".join(await asyncio.wait_for(streamed, 10))
+            reply = await asyncio.wait_for(answered, 10)
+        frames = [f for f in raw.decode().split("\n\n") if f]
+        assert frames[-1] == "data: [DONE]"
+        kinds = [f.split("\n", 1)[0] for f in frames[:-1]]
+        assert kinds[-2:] == ["event: error", "event: response.failed"], kinds[-4:]
+        failed = orjson.loads(frames[-2].split("\ndata: ", 1)[1])
+        assert failed["response"]["error"]["code"] == "service_unavailable"
+        assert "event: response.output_text.delta" in kinds
+        assert reply.status_code == 503 and reply.json()["error"]["code"] == "service_unavailable"
+        assert not slow.completed.is_set()
     finally:
         served.stop()
 

@@ -19,7 +19,7 @@ from gateway.api.steering import SteerBook
 from gateway.engine.builder import ResponseBuilder
 from gateway.engine.steer import required_input, steer_items, with_steering
 from gateway.engine.turn import Turn, TurnResult
-from gateway.kernel.errors import IllegalTransition, InvalidRequest
+from gateway.kernel.errors import IllegalTransition, InvalidRequest, ServiceUnavailable
 from tests.engine.test_turn import Scripted, make_turn, route
 
 Event = dict[str, Any]
@@ -152,6 +152,25 @@ async def test_stop_lets_a_call_in_progress_finish_first() -> None:
         "response.output_item.done",
         "response.incomplete",
     ]
+
+
+async def test_abort_cuts_even_a_call_in_progress_and_fails() -> None:
+    adapter = Gated(
+        [ToolCallStart(key=0, name="f", call_id="c1"), ToolCallArgsDelta(key=0, delta='{"a":')],
+        [ToolCallArgsDelta(key=0, delta=" 1}"), Finish("tool_calls")],
+    )
+    turn = make_turn(route(adapter), tools=[{"type": "function", "name": "f"}])
+    task, events = await start(turn, "response.function_call_arguments.delta")
+    await asyncio.sleep(0.05)  # waiting on the upstream, mid-arguments
+    turn.stop("steered")  # a steer first: it would wait for the call
+    assert turn.abort(ServiceUnavailable("shutting down"))
+    result = await asyncio.wait_for(task, 5)  # cut at once, the gate never opened
+    assert result.status == "failed" and adapter.closed == 1
+    assert result.error is not None and result.error.code == "service_unavailable"
+    [call] = result.output
+    assert call["status"] == "incomplete" and call["arguments"] == '{"a":'
+    assert events[-1]["type"] == "response.failed"
+    assert not turn.abort(ServiceUnavailable("again"))  # decided
 
 
 async def test_stop_before_the_first_delta_ends_at_it() -> None:

@@ -1,0 +1,32 @@
+"""The responses being generated in this process, over every transport, so that a shutdown whose
+drain deadline has come can end each one cleanly (``Turn.abort``: the error and
+``response.failed`` reach its client) before any connection is cut."""
+
+from __future__ import annotations
+
+from gateway.engine.turn import Turn
+from gateway.kernel.errors import GatewayError
+
+__all__ = ["InFlight"]
+
+
+class InFlight:
+    """A set of running turns: ``add`` before a turn runs, ``discard`` once it has returned."""
+
+    __slots__ = ("_turns",)
+
+    def __init__(self) -> None:
+        self._turns: set[Turn] = set()
+
+    def add(self, turn: Turn) -> None:
+        self._turns.add(turn)
+
+    def discard(self, turn: Turn) -> None:
+        self._turns.discard(turn)
+
+    def __len__(self) -> int:
+        return len(self._turns)
+
+    def abort_all(self, error: GatewayError) -> int:
+        """End every turn still generating as failed with ``error``; how many were."""
+        return sum(1 for turn in list(self._turns) if turn.abort(error))
