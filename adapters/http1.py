@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import socket
 import ssl
 import zlib
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from urllib.parse import SplitResult, unquote, urlsplit
 
+import aiohappyeyeballs
 import httptools
 
 __all__ = [
@@ -39,6 +41,10 @@ __all__ = [
 
 IDLE_SECONDS = 30.0  # an idle pooled connection is closed after this long
 HIGH_WATER = 256 * 1024  # bytes buffered unread before the socket stops being read
+# Happy Eyeballs (RFC 8305, by aiohappyeyeballs, as aiohttp connects): a host's next address is
+# tried after this long while the first still connects, so an address that never answers (an
+# IPv6 route that drops packets) costs this delay, not the connect timeout
+HAPPY_EYEBALLS_DELAY = 0.25
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -616,13 +622,13 @@ class Pool:
                 if proxy is None:
                     await loop.create_connection(
                         lambda: conn,
-                        target.host,
-                        target.port,
+                        sock=await self._socket(target.host, target.port),
                         ssl=self.tls if target.tls else None,
                         server_hostname=target.host if target.tls else None,
                     )
                 else:
-                    await loop.create_connection(lambda: conn, proxy.host, proxy.port)
+                    sock = await self._socket(proxy.host, proxy.port)
+                    await loop.create_connection(lambda: conn, sock=sock)
                     if target.tls:
                         await self._tunnel(conn, target, proxy)
         except TimeoutError:
@@ -640,6 +646,20 @@ class Pool:
         if conn.closed:  # lost while connecting; already forgotten
             raise ConnectError("The gateway could not connect to the upstream server.")
         return conn
+
+    async def _socket(self, host: str, port: int) -> socket.socket:
+        """A connected TCP socket to ``host``: its addresses resolved by the loop, then raced
+        (Happy Eyeballs, :data:`HAPPY_EYEBALLS_DELAY`). Raises OSError when none connects."""
+        infos = await self.resolve(host, port)
+        if not infos:
+            raise OSError("no address")
+        return await aiohappyeyeballs.start_connection(
+            infos, happy_eyeballs_delay=HAPPY_EYEBALLS_DELAY, interleave=1, loop=self.loop
+        )
+
+    async def resolve(self, host: str, port: int) -> Sequence[aiohappyeyeballs.AddrInfoType]:
+        """The addresses to connect to, in the resolver's order (the system's, via the loop)."""
+        return await self.loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
 
     async def _tunnel(self, conn: _Conn, target: _Target, proxy: _Proxy) -> None:
         """``CONNECT`` through the proxy, then TLS to the upstream over the tunnel."""

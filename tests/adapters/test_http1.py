@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import socket
 import time
 import zlib
 from collections.abc import Callable
@@ -489,3 +490,43 @@ async def test_the_one_retry_is_on_a_fresh_connection_not_another_pooled_one() -
             assert await _body(client, server.port) == b"{}"
         finally:
             await client.aclose()
+
+
+async def test_an_address_that_never_answers_costs_the_happy_eyeballs_delay_not_the_timeout() -> None:
+    """The host's first address accepts no connection (a listener whose backlog is full drops the
+    SYN, like a route that loses packets); its second is the real server. Racing them (Happy
+    Eyeballs), the call succeeds a quarter second in, well within a 3 s connect timeout."""
+    upstream = Upstream(lambda head: _ok(b'{"n":1}'))
+    async with serve_raw(upstream) as server:
+        silent = socket.socket()
+        silent.bind(("127.0.0.2", server.port))
+        silent.listen(0)
+        queued = []
+        for _ in range(4):  # fill the accept queue: later SYNs to it get no answer
+            s = socket.socket()
+            s.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                s.connect(("127.0.0.2", server.port))
+            queued.append(s)
+        client = _client(server.port, timeouts=Timeouts(connect=3.0))
+        addresses = [
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.2", server.port)),
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", server.port)),
+        ]
+        try:
+            pool = client.pool
+
+            async def resolve(host: str, port: int) -> list[Any]:
+                assert (host, port) == ("127.0.0.1", server.port)
+                return addresses
+
+            pool.resolve = resolve  # type: ignore[method-assign]  # the resolver's answer, two addresses
+            start = time.monotonic()
+            assert await _body(client, server.port) == b'{"n":1}'
+            took = time.monotonic() - start
+        finally:
+            await client.aclose()
+            for s in [silent, *queued]:
+                s.close()
+    assert http1.HAPPY_EYEBALLS_DELAY <= took < 1.5, took
+    assert upstream.connections == 1
