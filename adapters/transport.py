@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, NamedTuple
 
@@ -28,7 +28,6 @@ from adapters.http1 import (
     ReadTimeout,
     Response,
 )
-from adapters.sse import SSEDecodeError, SSEDecoder, SSEEvent
 from adapters.upstream_errors import map_status_error
 from gateway.kernel.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
 from gateway.kernel.ids import safe_id
@@ -168,10 +167,10 @@ class UpstreamClient:
 class UpstreamStream:
     """An upstream response whose status is 2xx.
 
-    Read it with :meth:`events` (SSE), :meth:`read_json` or :meth:`next_chunk`; all continue
-    one underlying (content-decoded) byte stream and map transport failures and the call's
-    deadline to ``UpstreamError``s. After a logical end (``[DONE]``), :meth:`drain` reads the
-    rest so the connection can go back to the pool.
+    Read it with :meth:`read_json` or :meth:`next_chunk` (the SSE decoding is the adapters'
+    ``EventReader``); both continue one underlying (content-decoded) byte stream and map
+    transport failures and the call's deadline to ``UpstreamError``s. After a logical end
+    (``[DONE]``), :meth:`drain` reads the rest so the connection can go back to the pool.
     """
 
     __slots__ = ("response",)
@@ -195,18 +194,6 @@ class UpstreamStream:
             return await self.response.read()
         except (HTTPClientError, TimeoutError) as exc:
             raise map_transport_error(exc) from None
-
-    async def events(self) -> AsyncGenerator[SSEEvent, None]:
-        """Server-sent events decoded from the body; an unterminated last event is delivered too."""
-        decoder = SSEDecoder()
-        try:
-            while (chunk := await self.next_chunk()) is not None:
-                for ev in decoder.feed(chunk):
-                    yield ev
-            for ev in decoder.flush():
-                yield ev
-        except SSEDecodeError:
-            raise UpstreamError("The upstream provider sent an oversized stream event.") from None
 
     async def read_json(self, limit: int = 64 * 1024 * 1024) -> Any:
         """The rest of the body parsed as JSON (for a server that did not stream)."""
@@ -261,14 +248,15 @@ async def open_stream(
     answer. Leaving the block closes the response: an unfinished body closes the connection, so
     the upstream sees it.
     """
+    limits = client.timeout(total_timeout, streamed=streamed)  # connect: the pool's own
     try:
         response = await client.pool.request(
             method,
             url,
             body=orjson.dumps(json_body),
             headers=headers,  # content-type: application/json unless these name one
-            total=total_timeout,
-            read_timeout=client.read_timeout if streamed else None,
+            total=limits.total,
+            read_timeout=limits.read,
         )
     except (HTTPClientError, TimeoutError) as exc:
         raise map_transport_error(exc) from None

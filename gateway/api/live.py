@@ -8,8 +8,7 @@ gateway), so an older gateway's resources are closed only once nothing holds it 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 
 import structlog
 
@@ -46,14 +45,6 @@ class LiveGateway:
         idle = self._idle.get(gw)
         if idle is not None:
             idle.set()
-
-    @contextmanager
-    def hold(self) -> Iterator[Gateway]:
-        gw = self.acquire()
-        try:
-            yield gw
-        finally:
-            self.release(gw)
 
     def holders(self, gw: Gateway) -> int:
         return self._holds.get(gw, 0)

@@ -403,7 +403,7 @@ class Turn:
                             yield ev
                             count += 1
                 if self._stream is not None and not stopped:
-                    if self._stop_now():
+                    if self._stop is not None and self._stop_now():
                         stopped = True
                     else:
                         self._reading = True
@@ -420,7 +420,7 @@ class Turn:
                                     "The response exceeded the gateway's event limit.",
                                     code="event_limit_exceeded",
                                 )
-                            if self._stop_now():
+                            if self._stop is not None and self._stop_now():  # no call per delta
                                 stopped = True
                                 break
                             self._reading = True
