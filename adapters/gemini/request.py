@@ -9,6 +9,7 @@ came with), as the API requires for function calling with thinking models.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 
@@ -21,6 +22,7 @@ from gateway.kernel.tool_choice import parse_tool_choice
 
 __all__ = ["build_body", "build_contents", "build_tools", "model_path"]
 
+_COLLECTIONS = frozenset({"models", "tunedModels"})
 _EFFORT_BUDGET = {"none": 0, "minimal": 0, "low": 1024, "medium": 8192, "high": 24576, "xhigh": 32768}
 _MIME_BY_EXT = {
     "png": "image/png",
@@ -35,8 +37,13 @@ _MIME_BY_EXT = {
 
 
 def model_path(model: str) -> str:
-    """``models/{model}`` (a name already carrying a collection, e.g. ``tunedModels/x``, is kept)."""
-    return model if "/" in model else f"models/{model}"
+    """``models/{model}``, the name one escaped path segment (``/``, ``:``, ``?``, ``#``, ``%`` and
+    the rest of what would steer the request encoded); a name already naming one of the API's
+    collections (``models/x``, ``tunedModels/x``) keeps that prefix, the rest escaped."""
+    collection, sep, name = model.partition("/")
+    if not (sep and collection in _COLLECTIONS):
+        collection, name = "models", model
+    return f"{collection}/{quote(name, safe='')}"
 
 
 def build_body(req: UpstreamRequest) -> dict[str, Any]:

@@ -4,6 +4,7 @@ one 400 with a ``param`` path. HTTP and the WebSocket both call ``create_request
 
 from __future__ import annotations
 
+import re
 from typing import Any, TypeVar
 
 import orjson
@@ -15,6 +16,8 @@ from gateway.kernel.settings import Limits
 from gateway.kernel.spec.request import ITEM_TAGS, PART_TAGS, CompactRequestBody, CreateResponseBody
 
 M = TypeVar("M", bound=BaseModel)
+MAX_MODEL_CHARS = 256
+_MODEL_NAME = re.compile(r"[\x21-\x7e]+")
 _TYPE_WORDS = frozenset({"str", "int", "float", "bool", "none", "dict", "list", "is-instance"})
 
 
@@ -93,10 +96,20 @@ def parse_model(model: type[M], data: Any, *, max_elements: int | None = None) -
         raise InvalidRequest(msg, param=param or None, code=code) from None
 
 
-def _require_model(model: str | None) -> None:
+def _check_model(model: str | None) -> None:
+    """A model is named, and its name can be one: 1 to ``MAX_MODEL_CHARS`` printable ASCII characters
+    without spaces (``provider/model``, ``:``, ``.``, ``@``, ``-``, ``_`` and the like are fine). The
+    name is not repeated in the message: it may hold anything."""
     if not model:
         raise InvalidRequest(
             "Missing required parameter: 'model'.", param="model", code="missing_required_parameter"
+        )
+    if len(model) > MAX_MODEL_CHARS or not _MODEL_NAME.fullmatch(model):
+        raise InvalidRequest(
+            f"Invalid value for 'model': a model name is 1 to {MAX_MODEL_CHARS} printable ASCII "
+            "characters, without spaces or control characters.",
+            param="model",
+            code="invalid_value",
         )
 
 
@@ -110,7 +123,7 @@ def create_request(data: Any, limits: Limits) -> CreateResponseBody:
         raise InvalidRequest(
             "Background responses are not supported.", param="background", code="unsupported_parameter"
         )
-    _require_model(body.model)
+    _check_model(body.model)
     _check_context_management(body)
     return body
 
@@ -130,7 +143,7 @@ def compact_request(data: Any, limits: Limits) -> CompactRequestBody:
     """A ``POST /v1/responses/compact`` body validated."""
     body = parse_model(CompactRequestBody, data, max_elements=limits.max_input_elements)
     _check_parts_depth(body.input, limits.max_json_depth)
-    _require_model(body.model)
+    _check_model(body.model)
     return body
 
 

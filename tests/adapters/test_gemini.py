@@ -249,6 +249,11 @@ def test_logprobs_asked_for_and_mapped() -> None:
 def test_model_path() -> None:
     assert model_path("gemini-2.5-flash") == "models/gemini-2.5-flash"
     assert model_path("tunedModels/mine") == "tunedModels/mine"
+    assert model_path("models/gemini-2.5-flash") == "models/gemini-2.5-flash"
+    # one path segment, whatever the name holds
+    assert model_path("../../v1/files") == "models/..%2F..%2Fv1%2Ffiles"
+    assert model_path("x:streamGenerateContent?alt=sse#") == "models/x%3AstreamGenerateContent%3Falt%3Dsse%23"
+    assert model_path("tunedModels/a/b") == "tunedModels/a%2Fb"
 
 
 # == stream translation: chunks shaped like the API reference's ===================================
