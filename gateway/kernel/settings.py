@@ -14,6 +14,7 @@ import binascii
 import hashlib
 import ipaddress
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import SplitResult, parse_qs, urlsplit
@@ -79,6 +80,105 @@ def _check_url(url: str, schemes: tuple[str, ...]) -> str:
     return url
 
 
+# RFC 3986's characters (a percent sign only as an escape): a space, a quote or a control character
+# is not part of a URL, and would reach the request line
+_URL_CHARS = re.compile(r"(?:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=]|%[0-9A-Fa-f]{2})+")
+# what h11 sends: a header name is a token; a value visible ASCII, spaces and tabs inside only
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_HEADER_VALUE = re.compile(r"(?:[\x21-\x7e](?:[\t\x20-\x7e]*[\x21-\x7e])?)?")
+_API_KEY = re.compile(r"[\x21-\x7e]+")  # visible ASCII: it goes into a header
+# headers the upstream client writes itself: the message's framing, its connection (hop-by-hop,
+# RFC 9110 7.6.1), and the content codings it can decode
+_OWN_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "upgrade",
+        "expect",
+        "accept-encoding",
+    }
+)
+
+
+def _check_url_text(url: str) -> None:
+    if not _URL_CHARS.fullmatch(url):
+        raise _invalid(
+            "the URL holds a character a URL cannot (a space, a quote, a control or non-ASCII "
+            "character, a % not followed by two hex digits): percent-encode it"
+        )
+
+
+def _upstream_url(url: str) -> str:
+    """A provider's ``base_url``: an http(s) URL of valid characters, without credentials (the key is
+    ``api_key``), a query or a fragment (the adapter appends its path to it)."""
+    _check_url_text(url)
+    _check_url(url, ("http", "https"))
+    parts = urlsplit(url)
+    if "@" in parts.netloc:
+        raise _invalid("the URL holds credentials (user@): give the key as api_key or api_key_env")
+    if parts.query or url.endswith("?"):
+        raise _invalid("the URL has a query: the adapter appends its path to the base URL")
+    if parts.fragment or "#" in url:
+        raise _invalid("the URL has a fragment (#): it would cut the adapter's path off")
+    return url
+
+
+def _key_problem(key: str) -> str | None:
+    if key and not _API_KEY.fullmatch(key):
+        return (
+            "the key holds a space, a control or a non-ASCII character, which a header cannot carry "
+            "(the key is not shown)"
+        )
+    return None
+
+
+def _env_key_problems(
+    table: dict[str, ProviderSettings], configured: dict[str, ProviderSettings]
+) -> list[tuple[str, str]]:
+    """The variables ``api_key_env`` names (a configured provider's, or an auto provider's) hold
+    keys a header can carry."""
+    problems = []
+    for name, p in table.items():
+        if p.api_key is None and p.api_key_env:
+            problem = _key_problem(os.environ.get(p.api_key_env, ""))
+            if problem:
+                path = f"providers.{name}.api_key_env" if name in configured else "auto_providers"
+                problems.append((path, f"the variable {p.api_key_env} (provider {name}): {problem}"))
+    return problems
+
+
+def _header_problems(headers: dict[str, str]) -> list[tuple[str, str]]:
+    problems = []
+    for n, (name, value) in enumerate(headers.items()):
+        if not _HEADER_NAME.fullmatch(name):
+            problems.append(
+                (
+                    "",
+                    f"header {n + 1}'s name is not a header name: letters, digits and !#$%&'*+-.^_`|~ only",
+                )
+            )
+        elif name.lower() in _OWN_HEADERS:
+            problems.append(
+                (name, "the gateway writes this header itself (message framing and hop-by-hop headers)")
+            )
+        elif not _HEADER_VALUE.fullmatch(value):
+            problems.append(
+                (
+                    name,
+                    "the value holds a control, DEL or non-ASCII character, or begins or ends with "
+                    "whitespace (the value is not shown)",
+                )
+            )
+    return problems
+
+
 def _secret_url(schemes: tuple[str, ...]) -> AfterValidator:
     def check(value: SecretStr | None) -> SecretStr | None:
         if value is not None:
@@ -97,6 +197,7 @@ def _proxy_url(value: SecretStr | None) -> SecretStr | None:
                 "an https:// proxy is not supported: give it as http:// "
                 "(calls to https:// upstreams through it stay TLS end to end)"
             )
+        _check_url_text(value.get_secret_value())
         _check_url(value.get_secret_value(), ("http",))
     return value
 
@@ -329,7 +430,21 @@ class ProviderSettings(_Strict):
     @field_validator("base_url")
     @classmethod
     def _base_url(cls, value: str | None) -> str | None:
-        return None if value is None else _check_url(value, ("http", "https"))
+        return None if value is None else _upstream_url(value)
+
+    @field_validator("api_key")
+    @classmethod
+    def _api_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and (problem := _key_problem(value.get_secret_value())):
+            raise _invalid(problem)
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, str]) -> dict[str, str]:
+        if problems := _header_problems(value):
+            raise _Problems(problems)
+        return value
 
     def resolved_base_url(self) -> str:
         return (self.base_url or DEFAULT_BASE_URLS.get(self.kind, "")).rstrip("/")
@@ -618,7 +733,7 @@ class Settings(BaseSettings):
         a tenant's) exists; no key is given twice (to one tenant or two, or as a client key and an
         admin key: the last would silently win)."""
         table = self.provider_table()
-        problems = []
+        problems = _env_key_problems(table, self.providers)
         keys = self.auth.api_keys or []
         seen: dict[bytes, int] = {}
         names: dict[tuple[str, str], int] = {}

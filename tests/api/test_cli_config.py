@@ -46,6 +46,46 @@ BAD_CONFIGS = [
         "an https:// proxy is not supported",
     ),
     (
+        "providers:\n  up: {kind: openai-chat, base_url: 'http://vllm.internal:8000/v1 '}\n",
+        "providers.up.base_url",
+        "a character a URL cannot",
+    ),
+    (
+        "providers:\n  up: {kind: gemini, base_url: 'https://g.example/v1beta#frag'}\n",
+        "providers.up.base_url",
+        "fragment",
+    ),
+    (
+        "providers:\n  up: {kind: openai-chat, base_url: 'https://user:SECRET-PW@h.example/v1'}\n",
+        "providers.up.base_url",
+        "credentials",
+    ),
+    (
+        'providers:\n  up: {kind: openai-chat, api_key: "sk-SECRET-KEY\\r\\nx-evil: 1"}\n',
+        "providers.up.api_key",
+        "a control or a non-ASCII character",
+    ),
+    (
+        "providers:\n  up: {kind: openai-chat, headers: {Host: attacker.example}}\n",
+        "providers.up.headers.Host",
+        "writes this header itself",
+    ),
+    (
+        "providers:\n  up: {kind: openai-chat, headers: {transfer-encoding: chunked}}\n",
+        "providers.up.headers.transfer-encoding",
+        "writes this header itself",
+    ),
+    (
+        "providers:\n  up: {kind: openai-chat, headers: {'x-team key': a}}\n",
+        "providers.up.headers",
+        "not a header name",
+    ),
+    (
+        'providers:\n  up: {kind: openai-chat, headers: {x-auth: "SECRET-VALUE\\x7f"}}\n',
+        "providers.up.headers.x-auth",
+        "the value holds a control",
+    ),
+    (
         "auth:\n  api_keys:\n    - {key: sk-shared, tenant: a}\n"
         f"    - {{sha256: {hashlib.sha256(b'sk-shared').hexdigest()}, tenant: b}}\n",
         "auth.api_keys.1",
@@ -114,6 +154,27 @@ def test_serve_refuses_them_too_with_the_same_message(
     cfg.write_text(config)
     out = run_cli("serve", "--config", str(cfg), "--port", str(free_port()), env=cli_env())
     assert_refused(out, field, says)
+
+
+def test_a_refused_secret_is_never_echoed(tmp_path: Path) -> None:
+    cfg = tmp_path / "bad.yaml"
+    for config, field, says in BAD_CONFIGS:
+        if "SECRET" in config:
+            cfg.write_text(config)
+            out = run_cli("check-config", "--config", str(cfg), env=cli_env())
+            assert_refused(out, field, says)
+            assert "SECRET" not in out.stderr + out.stdout
+
+
+def test_a_key_variable_a_header_cannot_carry_is_refused(tmp_path: Path) -> None:
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("providers:\n  up: {kind: openai-chat, api_key_env: ORGW_TEST_KEY}\n")
+    out = run_cli("check-config", "--config", str(cfg), env=cli_env(ORGW_TEST_KEY="sk-SECRET\n"))
+    assert_refused(out, "providers.up.api_key_env", "the variable ORGW_TEST_KEY (provider up)")
+    assert "SECRET" not in out.stderr
+    auto = run_cli("check-config", env=cli_env(OPENAI_API_KEY="sk-SECRET \t"))
+    assert_refused(auto, "auto_providers", "the variable OPENAI_API_KEY (provider openai)")
+    assert "SECRET" not in auto.stderr
 
 
 def test_every_problem_is_listed_at_once(tmp_path: Path) -> None:
