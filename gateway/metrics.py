@@ -10,8 +10,9 @@ worker. Process metrics cannot be summed across processes, so there each worker 
 own as ``gateway_worker_*{pid}`` gauges.
 
 Label values are bounded: a tenant is one the config names (else ``_other``), a model one it routes
-(pass-through models up to ``metrics.max_pass_through_models``, then ``_other``), everything else a
-closed set with ``_other`` for anything unexpected; ``-`` means none (refused before it was known).
+(pass-through models up to ``metrics.max_pass_through_models``; anything not routed is ``_other``),
+everything else a closed set with ``_other`` for anything unexpected; ``-`` means none (a tenant,
+provider or error code not known: refused before it was).
 """
 
 from __future__ import annotations
@@ -283,8 +284,10 @@ class Metrics(Observer):
 
     # -- label values ----------------------------------------------------------------------------
     def model(self, value: str | None) -> str:
-        if not value or value == NONE:
-            return NONE
+        """A routed model's label; ``_other`` for anything else (none given: refused before it was
+        routed; or past the pass-through cap)."""
+        if not value:
+            return OTHER
         return self._models(value) if len(value) <= 200 else OTHER
 
     def tenant(self, value: str | None) -> str:

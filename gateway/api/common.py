@@ -99,9 +99,10 @@ class RequestLog:
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
 
-    def metric_model(self) -> str:
-        """The model as a metrics label: only a routed one, so clients cannot mint label values."""
-        return str(self.fields.get("model")) if self.routed else "-"
+    def metric_model(self) -> str | None:
+        """The model for its metrics label: only a routed one (None: not routed, labelled
+        ``_other``), so clients cannot mint label values."""
+        return str(self.fields.get("model")) if self.routed else None
 
     def done(
         self, metrics: Metrics, status: int | str, usage: Mapping[str, Any] | None = None, **extra: Any

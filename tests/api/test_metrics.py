@@ -66,7 +66,9 @@ async def test_traffic_is_counted_in_every_family(served: ServedApp, fake: FakeO
     # the model asked for, and the provider that answered (the fallback's)
     fallback = {**http_ok, "model": "flaky"}
     assert value(fams, req, "gateway_requests_total", **fallback) == 1
-    assert value(fams, req, "gateway_requests_total", transport="http", model="-", status="400") == 1
+    # a model that is not routed (refused) is _other, never its name or "-"
+    assert value(fams, req, "gateway_requests_total", transport="http", model=OTHER, status="400") == 1
+    assert not [s for s in fams[req].samples if s.labels.get("model") == "-"]
     assert (
         value(
             fams,
