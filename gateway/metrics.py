@@ -176,8 +176,8 @@ class Metrics(Observer):
 
         self.requests = Counter(
             "gateway_requests_total",
-            "Requests (HTTP and compaction requests, WebSocket turns) by how they ended: status is the "
-            "HTTP status of a refused request or the final status of a response.",
+            "Requests (HTTP and compaction requests, WebSocket turns, refused WebSocket upgrades) by how "
+            "they ended: status is the HTTP status of a refused request or the final status of a response.",
             ["transport", "model", "provider", "tenant", "status", "error_code"],
             registry=reg,
         )
@@ -318,8 +318,11 @@ class Metrics(Observer):
         tenant: str | None = None,
         provider: str | None = None,
         error_code: str | None = None,
+        turn: bool = True,
     ) -> None:
-        key = (transport, model, status, tenant, provider, error_code)
+        """One request's end. ``turn``: a WebSocket one is a turn (gateway_websocket_turns_total),
+        unless it is a refused upgrade."""
+        key = (transport, model, status, tenant, provider, error_code, turn)
         hit = self._request_cache.get(key)
         if hit is None:
             hit = self._request_children(*key)
@@ -343,6 +346,7 @@ class Metrics(Observer):
         tenant: str | None,
         provider: str | None,
         error_code: str | None,
+        turn: bool,
     ) -> tuple[Any, Any, Any, tuple[Any, ...]]:
         """The series one kind of request end goes to (looked up once, then cached: ``labels()``
         costs a microsecond or two each time)."""
@@ -353,7 +357,7 @@ class Metrics(Observer):
         requests = self.requests.labels(
             transport, model, self.provider(provider), tenant, status_label, self.error_code(error_code)
         )
-        turns = self.ws_turns.labels(tenant, status_label) if transport == "websocket" else None
+        turns = self.ws_turns.labels(tenant, status_label) if turn and transport == "websocket" else None
         tokens = tuple(self.tokens.labels(tenant, model, kind) for kind in TOKEN_KINDS)
         return requests, self.duration.labels(transport, model), turns, tokens
 

@@ -105,10 +105,16 @@ class RequestLog:
         return str(self.fields.get("model")) if self.routed else None
 
     def done(
-        self, metrics: Metrics, status: int | str, usage: Mapping[str, Any] | None = None, **extra: Any
+        self,
+        metrics: Metrics,
+        status: int | str,
+        usage: Mapping[str, Any] | None = None,
+        *,
+        turn: bool = True,
+        **extra: Any,
     ) -> None:
         """End the request: its log line (token counts from ``usage``), its metrics sample and
-        its span's attributes."""
+        its span's attributes. ``turn``: on the WebSocket, a turn (False: a refused upgrade)."""
         extra["input_tokens"] = usage.get("input_tokens") if usage else None
         extra["output_tokens"] = usage.get("output_tokens") if usage else None
         self.emit(status, **extra)
@@ -122,6 +128,7 @@ class RequestLog:
             tenant=fields.get("tenant"),
             provider=fields.get("provider"),
             error_code=fields.get("error_code"),
+            turn=turn,
         )
         if self.span.recording:
             self._trace(status)

@@ -98,14 +98,16 @@ async def responses_socket(websocket: WebSocket) -> None:
     gw: Gateway = app.state.gateway
     hub: WebSocketHub = app.state.ws_hub
     metrics: Metrics = app.state.metrics
+    rlog = RequestLog(cast(Request, websocket), "websocket")
     try:
         principal = gw.auth.authenticate(websocket.headers.get("authorization"))
+        rlog.fields["tenant"] = principal.tenant
         if hub.draining:
             raise ServiceUnavailable("The gateway is shutting down; connect again shortly.")
         lease = await gw.limits.open_socket(principal)  # tenants.<name>.limits.websocket_connections
     except GatewayError as err:
-        rlog = RequestLog(cast(Request, websocket), "websocket")
-        rlog.emit(err.status, error_code=err.code, phase="upgrade")
+        # a refused upgrade is a request (gateway_requests_total), not a turn
+        rlog.done(metrics, err.status, error_code=err.code, phase="upgrade", turn=False)
         await websocket.send_denial_response(error_response(err))
         return
     try:

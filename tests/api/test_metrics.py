@@ -9,13 +9,15 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from websockets.exceptions import InvalidStatus
 
 from gateway.kernel.settings import Settings
 from gateway.metrics import OTHER, Metrics
 from tests.fakes.openai_chat import FakeOpenAIChat, smart_reply
 from tests.harness import ServedApp, free_port, serve_gateway
-from tests.helpers import TWO_TENANTS, A, fake_fixtures
+from tests.helpers import TWO_TENANTS, A, B, fake_fixtures
 from tests.observability.traffic import ADMIN, drive, scrape, settings_for, value
+from tests.ws.helpers import ws_connect
 
 fake_server, fake = fake_fixtures(FakeOpenAIChat, responder=smart_reply)
 FAMILIES = (
@@ -128,6 +130,44 @@ async def test_traffic_is_counted_in_every_family(served: ServedApp, fake: FakeO
     assert value(fams, "gateway_state_store_errors", "gateway_state_store_errors_total") == 0
     assert value(fams, "gateway_compactions", "gateway_compactions_total", kind="compact") == 1
     assert value(fams, "process_resident_memory_bytes") > 0
+
+
+async def test_refused_websocket_upgrades_are_counted_as_requests(fake_server: FakeOpenAIChat) -> None:
+    """A socket refused before the upgrade (no key, a bad key, over the tenant's websocket_connections)
+    is a request with its HTTP status and error code, not a WebSocket turn."""
+    settings = settings_for(fake_server, tenants={"b": {"limits": {"websocket_connections": 1}}})
+    with serve_gateway(settings) as s:
+        for headers in ({}, {"Authorization": "Bearer sk-nobody"}):
+            with pytest.raises(InvalidStatus) as refused:
+                async with ws_connect(s, additional_headers=headers):
+                    pass
+            assert refused.value.response.status_code == 401
+        async with ws_connect(s, additional_headers=B):
+            with pytest.raises(InvalidStatus) as refused:
+                async with ws_connect(s, additional_headers=B):
+                    pass
+            assert refused.value.response.status_code == 429
+        async with httpx.AsyncClient(base_url=s.base_url, timeout=20) as c:
+            fams = scrape((await c.get("/metrics", headers=ADMIN)).text)
+    req = "gateway_requests"
+    ws = {"transport": "websocket", "model": OTHER, "provider": "-"}
+    assert value(fams, req, "gateway_requests_total", **ws, status="401", error_code="invalid_api_key") == 2
+    assert (
+        value(
+            fams,
+            req,
+            "gateway_requests_total",
+            **ws,
+            tenant="b",
+            status="429",
+            error_code="rate_limit_exceeded",
+        )
+        == 1
+    )
+    assert value(fams, req, "gateway_requests_total") == 3
+    hist = "gateway_request_duration_seconds"
+    assert value(fams, hist, hist + "_count", transport="websocket") == 3
+    assert value(fams, "gateway_websocket_turns", "gateway_websocket_turns_total") == 0
 
 
 async def test_metrics_need_an_admin_key_when_auth_is_on(served: ServedApp) -> None:
