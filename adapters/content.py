@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from gateway.kernel.errors import UpstreamRejected
+from gateway.kernel.errors import ErrorCode, UpstreamRejected
 
 __all__ = ["arguments_object", "assistant_texts", "parse_data_url", "unsupported_content"]
 
@@ -18,7 +18,7 @@ __all__ = ["arguments_object", "assistant_texts", "parse_data_url", "unsupported
 def unsupported_content(kind: Any) -> UpstreamRejected:
     """The error for a content part type the provider cannot take."""
     return UpstreamRejected(
-        f"This model's provider does not accept '{kind}' content.", code="unsupported_content"
+        f"This model's provider does not accept '{kind}' content.", code=ErrorCode.UNSUPPORTED_CONTENT
     )
 
 
@@ -26,7 +26,7 @@ def parse_data_url(url: str, default_mime: str) -> tuple[str, str]:
     """(media type, base64 data) of a ``data:`` URL; only base64 data URLs are accepted."""
     head, sep, data = url.partition(",")
     if not sep or ";base64" not in head:
-        raise UpstreamRejected("A data URL must be base64-encoded.", code="invalid_image_url")
+        raise UpstreamRejected("A data URL must be base64-encoded.", code=ErrorCode.INVALID_IMAGE_URL)
     return head[5:].split(";")[0] or default_mime, data
 
 

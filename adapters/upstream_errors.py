@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from gateway.kernel.errors import UpstreamError, UpstreamRateLimited, UpstreamRejected
+from gateway.kernel.errors import ErrorCode, UpstreamError, UpstreamRateLimited, UpstreamRejected
 
 __all__ = ["error_code_from_body", "map_status_error", "map_stream_error", "parse_retry_after"]
 
@@ -117,7 +117,7 @@ def error_code_from_body(body: bytes | Mapping[str, Any] | None) -> str | None:
     if isinstance(message, str):
         lowered = message[:2000].lower()
         if any(hint in lowered for hint in _CONTEXT_HINTS):
-            return "context_length_exceeded"
+            return ErrorCode.CONTEXT_LENGTH_EXCEEDED.value  # a plain str, as an upstream's code is
     return None
 
 
@@ -129,7 +129,7 @@ def map_status_error(status: int, body: bytes, headers: Mapping[str, str] | None
         if code == "insufficient_quota":  # OpenAI's "out of credit": retrying will not help
             return UpstreamRateLimited(
                 "The upstream provider's quota is exhausted.",
-                code="upstream_quota_exceeded",
+                code=ErrorCode.UPSTREAM_QUOTA_EXCEEDED,
                 upstream_status=status,
             )
         return UpstreamRateLimited(
@@ -141,7 +141,7 @@ def map_status_error(status: int, body: bytes, headers: Mapping[str, str] | None
     if status in (401, 403):
         return UpstreamError(
             "The gateway could not authenticate with the upstream provider.",
-            code="upstream_auth_error",
+            code=ErrorCode.UPSTREAM_AUTH_ERROR,
             upstream_status=status,
         )
     if status in _REJECTED_STATUSES:
@@ -187,7 +187,8 @@ def map_stream_error(
         return UpstreamRejected("The upstream provider rejected the request.", code=code)
     if kind in auth:
         return UpstreamError(
-            "The gateway could not authenticate with the upstream provider.", code="upstream_auth_error"
+            "The gateway could not authenticate with the upstream provider.",
+            code=ErrorCode.UPSTREAM_AUTH_ERROR,
         )
     return UpstreamError(
         "The upstream provider failed while generating.",

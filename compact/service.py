@@ -20,7 +20,7 @@ from compact.seal import Sealer
 from gateway.engine.auth import Principal
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.routing import Route
-from gateway.kernel.errors import GatewayError, ServerError, UpstreamError
+from gateway.kernel.errors import ErrorCode, GatewayError, ServerError, UpstreamError
 from gateway.kernel.estimate import estimate, estimate_text
 from gateway.kernel.ids import new_id, response_id
 from gateway.kernel.spec.request import CompactRequestBody, CreateResponseBody
@@ -236,7 +236,7 @@ class Compactor:
         resource = result.resource
         summary = _output_text(resource).strip()
         if not summary:
-            raise UpstreamError("The model returned an empty summary.", code="empty_summary")
+            raise UpstreamError("The model returned an empty summary.", code=ErrorCode.EMPTY_SUMMARY)
         if resource["status"] == "incomplete":
             log.warning("summary_truncated", model=route.model, max_tokens=self.settings.summary_max_tokens)
         usage = resource.get("usage")

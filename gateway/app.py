@@ -32,7 +32,7 @@ from gateway.engine.context import CompactionOpener
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.routing import Router
 from gateway.engine.telemetry import NOOP_OBSERVER, NOOP_TRACER, Observer, Tracer
-from gateway.kernel.errors import GatewayError, InvalidRequest, NotFound, ServerError
+from gateway.kernel.errors import ErrorCode, GatewayError, InvalidRequest, NotFound, ServerError
 from gateway.kernel.settings import Settings, load_settings
 from gateway.metrics import Metrics
 from state.factory import create_ledger, create_limiter, create_store
@@ -159,8 +159,7 @@ async def traced_route(app: FastAPI, tracer: Tracer, scope: Scope, receive: Rece
 
 def method_not_allowed(method: str, allowed: Iterable[str]) -> Response:
     """405 with the ``Allow`` header RFC 9110 requires."""
-    err = InvalidRequest(f"Method {method} is not allowed here.", code="method_not_allowed")
-    err.status = 405
+    err = InvalidRequest(f"Method {method} is not allowed here.", code=ErrorCode.METHOD_NOT_ALLOWED)
     return error_response(err, {"allow": ", ".join(allowed)})
 
 

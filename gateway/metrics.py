@@ -42,7 +42,7 @@ from prometheus_client.registry import Collector
 
 from gateway.engine.routing import Deployment, Route
 from gateway.engine.telemetry import Observer
-from gateway.kernel import errors
+from gateway.kernel.errors import ErrorCode
 from gateway.kernel.settings import Settings
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -72,59 +72,7 @@ TOKEN_KINDS = ("input", "output", "cached", "reasoning")
 MAX_EXTRA_ERROR_CODES = 32
 MAX_DEPLOYMENTS = 256
 _CODE_RE = re.compile(r"^[a-z0-9_.]{1,64}$")
-_KNOWN_CODES = frozenset(
-    {
-        c.code
-        for c in (
-            errors.ServerError,
-            errors.InvalidRequest,
-            errors.ModelNotFound,
-            errors.PreviousResponseNotFound,
-            errors.ContextLengthExceeded,
-            errors.InvalidEncryptedContent,
-            errors.ConnectionLimitReached,
-            errors.PayloadTooLarge,
-            errors.AuthenticationFailed,
-            errors.PermissionDenied,
-            errors.NotFound,
-            errors.RateLimited,
-            errors.QuotaExceeded,
-            errors.ServiceUnavailable,
-            errors.UpstreamError,
-            errors.UpstreamTimeout,
-            errors.UpstreamConnectError,
-            errors.UpstreamRejected,
-            errors.IllegalTransition,
-        )
-        if c.code
-    }
-    | {
-        "duplicate_call_id",
-        "empty_summary",
-        "event_limit_exceeded",
-        "invalid_file_data",
-        "invalid_function_call_output",
-        "invalid_image_url",
-        "invalid_json",
-        "invalid_value",
-        "item_not_found",
-        "malformed_function_call",
-        "method_not_allowed",
-        "missing_required_parameter",
-        "nesting_too_deep",
-        "store_not_allowed",
-        "too_many_input_items",
-        "unknown_message_type",
-        "unknown_parameter",
-        "unsupported_content",
-        "unsupported_frame_type",
-        "unsupported_parameter",
-        "upstream_auth_error",
-        "upstream_quota_exceeded",
-        "websocket_queue_full",
-        "request_timeout",
-    }
-)
+_KNOWN_CODES: frozenset[str] = frozenset(ErrorCode)  # every code the gateway answers itself
 
 
 def multiprocess_dir() -> str | None:

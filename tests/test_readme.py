@@ -1,11 +1,13 @@
 """The README stays true to the code: its test command is the one .ci/run runs, its Limits table
-lists every ``limits:`` field with its default, and every ``#anchor`` link names a heading."""
+lists every ``limits:`` field with its default, its error-code table every ``ErrorCode`` with its
+HTTP status, and every ``#anchor`` link names a heading."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+from gateway.kernel.errors import ErrorCode
 from gateway.kernel.settings import Limits
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,6 +47,14 @@ def test_limits_table_lists_every_limit_field_and_its_default() -> None:
             assert shown == str(int(default)), name
         else:
             assert shown == str(default), name
+
+
+def test_error_code_table_lists_exactly_the_codes_and_their_statuses() -> None:
+    endpoints = section("Endpoints")
+    table = endpoints[endpoints.index("\n### Error codes\n") :]
+    rows = re.findall(r"^\| `([a-z_]+)` \| (\d{3}) \|", table, re.M)
+    assert len(rows) == len({code for code, _ in rows}), "a code listed twice"
+    assert dict(rows) == {code.value: str(code.status) for code in ErrorCode}
 
 
 def test_every_anchor_link_names_a_heading() -> None:

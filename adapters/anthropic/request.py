@@ -17,7 +17,7 @@ import orjson
 from adapters.base import UpstreamRequest
 from adapters.content import arguments_object, assistant_texts, parse_data_url, unsupported_content
 from adapters.tools import function_tools
-from gateway.kernel.errors import UpstreamRejected
+from gateway.kernel.errors import ErrorCode, UpstreamRejected
 from gateway.kernel.tool_choice import parse_tool_choice
 
 __all__ = ["REDACTED_PREFIX", "build_body", "build_messages", "build_tools", "thinking_budget"]
@@ -178,7 +178,8 @@ def _image(part: dict[str, Any]) -> dict[str, Any]:
     if url.startswith(("http://", "https://")):
         return {"type": "image", "source": {"type": "url", "url": url}}
     raise UpstreamRejected(
-        "This model's provider needs images as an http(s) URL or a data URL.", code="unsupported_content"
+        "This model's provider needs images as an http(s) URL or a data URL.",
+        code=ErrorCode.UNSUPPORTED_CONTENT,
     )
 
 
@@ -198,13 +199,14 @@ def _document(part: dict[str, Any]) -> dict[str, Any]:
             block = {"type": "document", "source": {"type": "base64", "media_type": media_type, "data": data}}
         else:
             raise UpstreamRejected(
-                "This model's provider accepts PDF and plain-text files only.", code="unsupported_content"
+                "This model's provider accepts PDF and plain-text files only.",
+                code=ErrorCode.UNSUPPORTED_CONTENT,
             )
     elif url:
         block = {"type": "document", "source": {"type": "url", "url": url}}
     else:
         raise UpstreamRejected(
-            "This model's provider needs file_data or file_url.", code="unsupported_content"
+            "This model's provider needs file_data or file_url.", code=ErrorCode.UNSUPPORTED_CONTENT
         )
     if part.get("filename"):
         block["title"] = part["filename"]
@@ -215,7 +217,7 @@ def _b64decode(data: str) -> bytes:
     try:
         return base64.b64decode(data, validate=False)
     except (binascii.Error, ValueError):
-        raise UpstreamRejected("file_data is not valid base64.", code="invalid_file_data") from None
+        raise UpstreamRejected("file_data is not valid base64.", code=ErrorCode.INVALID_FILE_DATA) from None
 
 
 def _tool_use(item: dict[str, Any]) -> dict[str, Any]:

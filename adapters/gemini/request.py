@@ -17,7 +17,7 @@ from adapters.base import UpstreamRequest
 from adapters.content import arguments_object, assistant_texts, parse_data_url, unsupported_content
 from adapters.gemini.schema import to_gemini_schema
 from adapters.tools import function_tools
-from gateway.kernel.errors import UpstreamRejected
+from gateway.kernel.errors import ErrorCode, UpstreamRejected
 from gateway.kernel.tool_choice import parse_tool_choice
 
 __all__ = ["build_body", "build_contents", "build_tools", "model_path"]
@@ -189,7 +189,7 @@ def _media(url: str | None, filename: str | None, default_mime: str) -> dict[str
         mime = _mime_of(filename or url.split("?")[0], default_mime)
         return {"fileData": {"mimeType": mime, "fileUri": url}}
     raise UpstreamRejected(
-        "This model's provider needs media as a URL or a data URL.", code="unsupported_content"
+        "This model's provider needs media as a URL or a data URL.", code=ErrorCode.UNSUPPORTED_CONTENT
     )
 
 

@@ -27,7 +27,7 @@ from adapters.deltas import (
     stepped,
 )
 from adapters.upstream_errors import error_code_from_body, map_stream_error
-from gateway.kernel.errors import UpstreamError
+from gateway.kernel.errors import ErrorCode, UpstreamError
 
 __all__ = ["GeminiStreamTranslator", "stream_error"]
 
@@ -108,7 +108,9 @@ class GeminiStreamTranslator:
             raise UpstreamError("The upstream stream ended before the response finished.", retryable=True)
         if finish in ("MALFORMED_FUNCTION_CALL", "UNEXPECTED_TOOL_CALL", "TOO_MANY_TOOL_CALLS"):
             raise UpstreamError(
-                "The model produced an invalid function call.", retryable=True, code="malformed_function_call"
+                "The model produced an invalid function call.",
+                retryable=True,
+                code=ErrorCode.MALFORMED_FUNCTION_CALL,
             )
         reason = _FINISH.get(finish, "stop")
         if reason == "stop" and self._calls:

@@ -12,7 +12,7 @@ from typing import Any
 from adapters.base import UpstreamRequest
 from adapters.content import unsupported_content
 from adapters.tools import function_tools
-from gateway.kernel.errors import UpstreamRejected
+from gateway.kernel.errors import ErrorCode, UpstreamRejected
 from gateway.kernel.tool_choice import parse_tool_choice
 
 __all__ = ["build_body", "build_messages", "build_tools"]
@@ -161,7 +161,7 @@ def _image(part: dict[str, Any]) -> dict[str, Any]:
     url = part.get("image_url")
     if not url:
         raise UpstreamRejected(
-            "This model's provider needs images as a URL or data URL.", code="unsupported_content"
+            "This model's provider needs images as a URL or data URL.", code=ErrorCode.UNSUPPORTED_CONTENT
         )
     image: dict[str, Any] = {"url": url}
     if part.get("detail"):
@@ -173,7 +173,8 @@ def _file(part: dict[str, Any]) -> dict[str, Any]:
     data = part.get("file_data")
     if not data:
         raise UpstreamRejected(
-            "This model's provider accepts files only as inline file_data.", code="unsupported_content"
+            "This model's provider accepts files only as inline file_data.",
+            code=ErrorCode.UNSUPPORTED_CONTENT,
         )
     file: dict[str, Any] = {"file_data": data}
     if part.get("filename"):

@@ -13,6 +13,7 @@ from gateway.engine.auth import Admin, Authenticator
 from gateway.engine.orchestrator import Gateway
 from gateway.kernel.errors import (
     AuthenticationFailed,
+    ErrorCode,
     GatewayError,
     InvalidRequest,
     PermissionDenied,
@@ -48,7 +49,7 @@ async def reload_config(request: Request) -> Response:
     problems = outcome.problems or "The configuration was not applied."
     refusal: GatewayError
     if outcome.status == 400:
-        refusal = InvalidRequest(problems, code="invalid_config")
+        refusal = InvalidRequest(problems, code=ErrorCode.INVALID_CONFIG)
     elif outcome.status == 503:
         refusal = ServiceUnavailable(problems)
     else:

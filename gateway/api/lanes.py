@@ -8,7 +8,7 @@ import asyncio
 from collections import deque
 from typing import Any
 
-from gateway.kernel.errors import GatewayError, InvalidRequest
+from gateway.kernel.errors import ErrorCode, GatewayError, InvalidRequest
 
 Job = dict[str, Any] | GatewayError  # a decoded frame, or the error a bad frame already earned
 MAX_STREAM_ID = 256
@@ -37,7 +37,7 @@ def lane_of(data: dict[str, Any]) -> str | None:
         raise InvalidRequest(
             f"stream_id must be a non-empty string of at most {MAX_STREAM_ID} characters.",
             param="stream_id",
-            code="invalid_value",
+            code=ErrorCode.INVALID_VALUE,
         )
     return sid
 

@@ -31,7 +31,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from gateway.api.encode import json_bytes
-from gateway.kernel.errors import GatewayError, InvalidRequest
+from gateway.kernel.errors import ErrorCode, GatewayError, InvalidRequest
 from gateway.kernel.settings import Limits
 
 log = structlog.get_logger("gateway.http")
@@ -45,12 +45,10 @@ LINGER_SECONDS = 2.0  # after a refusal: reading (and dropping) what the client 
 # that closing with unread data does not reset the connection before the client reads the answer
 
 
-def refusal(status: int, code: str, message: str) -> InvalidRequest:
+def refusal(code: ErrorCode, message: str) -> InvalidRequest:
     """431 ``request_headers_too_large`` or 408 ``request_timeout``: errors of the connection, not
-    of the engine, so they are not in gateway/kernel/errors.py."""
-    err = InvalidRequest(message, code=code)
-    err.status = status
-    return err
+    of the engine (an InvalidRequest with the code's status)."""
+    return InvalidRequest(message, code=code)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +137,7 @@ class BoundedReads(asyncio.Protocol):
                 self._tail, data, limit - self._head_bytes + len(data)
             ):
                 message = f"The request headers exceed {limit} bytes."
-                self._refuse(431, "request_headers_too_large", message, received_bytes=self._head_bytes)
+                self._refuse(ErrorCode.REQUEST_HEADERS_TOO_LARGE, message, received_bytes=self._head_bytes)
                 return
         super().data_received(data)
         self._parsed()
@@ -203,15 +201,15 @@ class BoundedReads(asyncio.Protocol):
         if phase is BODY:
             self._cut_request()
         message = f"The request {'headers' if phase is HEAD else 'body'} did not arrive within {seconds:g} s."
-        self._refuse(408, "request_timeout", message, phase=phase)
+        self._refuse(ErrorCode.REQUEST_TIMEOUT, message, phase=phase)
 
-    def _refuse(self, status: int, code: str, message: str, **fields: Any) -> None:
+    def _refuse(self, code: ErrorCode, message: str, **fields: Any) -> None:
         """Answer the error, then close: at once when the client has closed its side, else after a
         short linger that reads and drops what it still sends."""
-        log.warning("request_refused", status=status, code=code, **fields)
+        log.warning("request_refused", status=code.status, code=code, **fields)
         self._detach()
         transport = self.transport
-        transport.write(refusal_bytes(refusal(status, code, message), self.server_state.default_headers))
+        transport.write(refusal_bytes(refusal(code, message), self.server_state.default_headers))
         if transport.can_write_eof():
             transport.write_eof()
         self._timer = self.loop.call_later(LINGER_SECONDS, transport.abort)

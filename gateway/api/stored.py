@@ -17,7 +17,7 @@ from starlette.responses import Response
 from gateway.api.common import error_response, json_response
 from gateway.engine.auth import Principal
 from gateway.engine.orchestrator import Gateway
-from gateway.kernel.errors import GatewayError, InvalidRequest, NotFound
+from gateway.kernel.errors import ErrorCode, GatewayError, InvalidRequest, NotFound
 
 if TYPE_CHECKING:
     from state.base import StoredResponse
@@ -86,14 +86,16 @@ async def list_input_items(request: Request) -> Response:
         principal = gw.auth.authenticate(request.headers.get("authorization"))
         order = q.get("order", "desc")
         if order not in ("asc", "desc"):
-            raise InvalidRequest("'order' must be 'asc' or 'desc'.", param="order", code="invalid_value")
+            raise InvalidRequest(
+                "'order' must be 'asc' or 'desc'.", param="order", code=ErrorCode.INVALID_VALUE
+            )
         try:
             limit = int(q.get("limit", "20"))
         except ValueError:
             limit = -1
         if not 1 <= limit <= 100:
             raise InvalidRequest(
-                "'limit' must be an integer from 1 to 100.", param="limit", code="invalid_value"
+                "'limit' must be an integer from 1 to 100.", param="limit", code=ErrorCode.INVALID_VALUE
             )
         stored = await _read(request, gw, principal, rid, "list_input_items")
         items = list(stored.input_items)
@@ -105,7 +107,9 @@ async def list_input_items(request: Request) -> Response:
             if cursor is None:
                 continue
             if cursor not in ids:
-                raise InvalidRequest(f"No input item with id '{cursor}'.", param=param, code="invalid_value")
+                raise InvalidRequest(
+                    f"No input item with id '{cursor}'.", param=param, code=ErrorCode.INVALID_VALUE
+                )
             if param == "after":
                 start = ids.index(cursor) + 1
             else:

@@ -15,7 +15,7 @@ from gateway.api.common import error_response, json_response
 from gateway.engine.auth import Admin
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.usage import GROUPS, utc_day
-from gateway.kernel.errors import GatewayError, InvalidRequest, PermissionDenied
+from gateway.kernel.errors import ErrorCode, GatewayError, InvalidRequest, PermissionDenied
 from state.usage import RETENTION_DAYS
 
 _PARAMS = ("start", "end", "group_by", "tenant")
@@ -30,7 +30,7 @@ def _day(value: str | None, param: str, default: date) -> date:
         return date.fromisoformat(value)
     except ValueError:
         raise InvalidRequest(
-            f"'{param}' must be a date as YYYY-MM-DD.", param=param, code="invalid_value"
+            f"'{param}' must be a date as YYYY-MM-DD.", param=param, code=ErrorCode.INVALID_VALUE
         ) from None
 
 
@@ -42,26 +42,36 @@ async def get_usage(request: Request) -> Response:
         for name in q:
             if name not in _PARAMS:
                 shown = name[:64]
-                raise InvalidRequest(f"Unknown parameter '{shown}'.", param=shown, code="unknown_parameter")
+                raise InvalidRequest(
+                    f"Unknown parameter '{shown}'.", param=shown, code=ErrorCode.UNKNOWN_PARAMETER
+                )
         today = date.fromisoformat(utc_day())
         end = _day(q.get("end"), "end", today)
         start = _day(q.get("start"), "start", end)
         if start > end:
-            raise InvalidRequest("'start' must not be after 'end'.", param="start", code="invalid_value")
+            raise InvalidRequest(
+                "'start' must not be after 'end'.", param="start", code=ErrorCode.INVALID_VALUE
+            )
         if end - start >= timedelta(days=RETENTION_DAYS):
             raise InvalidRequest(
-                f"At most {RETENTION_DAYS} days may be read at once.", param="start", code="invalid_value"
+                f"At most {RETENTION_DAYS} days may be read at once.",
+                param="start",
+                code=ErrorCode.INVALID_VALUE,
             )
         group_by = q.get("group_by", "model")
         if group_by not in GROUPS:
             raise InvalidRequest(
-                f"'group_by' must be one of {', '.join(GROUPS)}.", param="group_by", code="invalid_value"
+                f"'group_by' must be one of {', '.join(GROUPS)}.",
+                param="group_by",
+                code=ErrorCode.INVALID_VALUE,
             )
         tenant = q.get("tenant")
         if isinstance(caller, Admin):
             known = gw.tenants()
             if tenant is not None and tenant not in known:
-                raise InvalidRequest(f"No tenant '{tenant[:64]}'.", param="tenant", code="invalid_value")
+                raise InvalidRequest(
+                    f"No tenant '{tenant[:64]}'.", param="tenant", code=ErrorCode.INVALID_VALUE
+                )
             tenants = [tenant] if tenant is not None else known
         else:
             if tenant is not None and tenant != caller.tenant:

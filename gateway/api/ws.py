@@ -30,6 +30,7 @@ from gateway.engine.turn import Emit, TurnResult
 from gateway.engine.validate import create_request
 from gateway.kernel.errors import (
     ConnectionLimitReached,
+    ErrorCode,
     GatewayError,
     InvalidRequest,
     PayloadTooLarge,
@@ -235,7 +236,7 @@ class Connection:
             if text is None:
                 job = InvalidRequest(
                     "Binary frames are not accepted; send each message as a JSON text frame.",
-                    code="unsupported_frame_type",
+                    code=ErrorCode.UNSUPPORTED_FRAME_TYPE,
                 )
             elif len(text) > limit // 4 and len(text.encode()) > limit:
                 job = PayloadTooLarge(f"The message exceeds the limit of {limit} bytes.")
@@ -262,13 +263,13 @@ class Connection:
             err = RateLimited(
                 f"Too many lanes busy on this connection (at most {self.max_lanes} stream_ids run at "
                 "once); this message was dropped.",
-                code="websocket_lane_limit",
+                code=ErrorCode.WEBSOCKET_LANE_LIMIT,
             )
         elif lane is not None and self.pending - len(self.lanes) >= self.queue_size:
             err = RateLimited(
                 f"Too many messages queued on this connection (at most {self.queue_size} wait "
                 "behind the response in flight); this one was dropped.",
-                code="websocket_queue_full",
+                code=ErrorCode.WEBSOCKET_QUEUE_FULL,
             )
         if err is not None:
             with contextlib.suppress(WebSocketDisconnect, RuntimeError):
@@ -509,9 +510,9 @@ def _decode(text: str) -> Job:
     try:
         data = orjson.loads(text)
     except orjson.JSONDecodeError:
-        return InvalidRequest("The message is not valid JSON.", code="invalid_json")
+        return InvalidRequest("The message is not valid JSON.", code=ErrorCode.INVALID_JSON)
     if not isinstance(data, dict):
-        return InvalidRequest("A message must be a JSON object.", code="invalid_json")
+        return InvalidRequest("A message must be a JSON object.", code=ErrorCode.INVALID_JSON)
     return data
 
 
@@ -524,7 +525,7 @@ def _fields(data: dict[str, Any]) -> dict[str, Any]:
             f"Unsupported message type '{shown[:64]}'; the client messages are 'response.create' "
             "and 'response.steer'.",
             param="type",
-            code="unknown_message_type",
+            code=ErrorCode.UNKNOWN_MESSAGE_TYPE,
         )
     for key in _IGNORED_KEYS:
         data.pop(key, None)

@@ -16,6 +16,7 @@ from typing import Any
 
 from gateway.engine.validate import check_call_ids
 from gateway.kernel.errors import (
+    ErrorCode,
     InvalidEncryptedContent,
     InvalidRequest,
     PreviousResponseNotFound,
@@ -216,7 +217,7 @@ async def _resolve_refs(
             item = stored.get(item_id)
             if item is None:
                 raise InvalidRequest(
-                    f"Item with id '{item_id}' not found.", param="input", code="item_not_found"
+                    f"Item with id '{item_id}' not found.", param="input", code=ErrorCode.ITEM_NOT_FOUND
                 )
             found[item_id] = output_as_input(item) if "status" in item else item
     return found

@@ -33,7 +33,7 @@ from gateway.engine.telemetry import NOOP_OBSERVER, NOOP_TRACER, Observer, Trace
 from gateway.engine.turn import Turn, TurnResult, Warmup
 from gateway.engine.upstream import upstream_request
 from gateway.engine.usage import Meter
-from gateway.kernel.errors import InvalidRequest, ServiceUnavailable
+from gateway.kernel.errors import ErrorCode, InvalidRequest, ServiceUnavailable
 from gateway.kernel.estimate import estimate
 from gateway.kernel.ids import response_id
 from gateway.kernel.settings import Settings
@@ -153,7 +153,7 @@ class Gateway:
                     "This tenant's conversations are not retained (retention: none): send "
                     "store: false or omit it.",
                     param="store",
-                    code="store_not_allowed",
+                    code=ErrorCode.STORE_NOT_ALLOWED,
                 )
             store = False
         if store:

@@ -48,7 +48,7 @@ from gateway.engine.telemetry import (
     route_system,
     upstream_outcome,
 )
-from gateway.kernel.errors import GatewayError, ServerError, UpstreamError
+from gateway.kernel.errors import ErrorCode, GatewayError, ServerError, UpstreamError
 from gateway.kernel.settings import RetrySettings
 from gateway.kernel.tool_choice import parse_tool_choice
 
@@ -418,7 +418,7 @@ class Turn:
                             if count > self.max_events:
                                 raise UpstreamError(
                                     "The response exceeded the gateway's event limit.",
-                                    code="event_limit_exceeded",
+                                    code=ErrorCode.EVENT_LIMIT_EXCEEDED,
                                 )
                             if self._stop is not None and self._stop_now():  # no call per delta
                                 stopped = True

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from gateway.kernel.errors import InvalidRequest
+from gateway.kernel.errors import ErrorCode, InvalidRequest
 from gateway.kernel.items import call_ids
 from gateway.kernel.settings import Limits
 from gateway.kernel.spec.request import ITEM_TAGS, PART_TAGS, CompactRequestBody, CreateResponseBody
@@ -57,7 +57,7 @@ def parse_json(raw: bytes) -> Any:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
-        raise InvalidRequest("The request body is not valid JSON.", code="invalid_json") from None
+        raise InvalidRequest("The request body is not valid JSON.", code=ErrorCode.INVALID_JSON) from None
 
 
 def _elements(data: dict[str, Any]) -> int:
@@ -79,20 +79,20 @@ def parse_model(model: type[M], data: Any, *, max_elements: int | None = None) -
     counted before validation: validating holds the event loop (a few µs an element), so one
     request of 250,000 tiny items would otherwise stall every other request for about a second."""
     if not isinstance(data, dict):
-        raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
+        raise InvalidRequest("The request body must be a JSON object.", code=ErrorCode.INVALID_JSON)
     if max_elements is not None and (n := _elements(data)) > max_elements:
         raise InvalidRequest(
             f"The request has {n} input items, content parts and tools; this gateway accepts at most "
             f"{max_elements}. Compact the conversation (POST /v1/responses/compact) or continue it "
             "with previous_response_id.",
             param="input",
-            code="too_many_input_items",
+            code=ErrorCode.TOO_MANY_INPUT_ITEMS,
         )
     try:
         return model.model_validate(data, strict=True)
     except ValidationError as exc:
         param, msg = _best_error(exc)
-        code = "missing_required_parameter" if "Missing required" in msg else "invalid_value"
+        code = ErrorCode.MISSING_REQUIRED_PARAMETER if "Missing required" in msg else ErrorCode.INVALID_VALUE
         raise InvalidRequest(msg, param=param or None, code=code) from None
 
 
@@ -102,14 +102,14 @@ def _check_model(model: str | None) -> None:
     name is not repeated in the message: it may hold anything."""
     if not model:
         raise InvalidRequest(
-            "Missing required parameter: 'model'.", param="model", code="missing_required_parameter"
+            "Missing required parameter: 'model'.", param="model", code=ErrorCode.MISSING_REQUIRED_PARAMETER
         )
     if len(model) > MAX_MODEL_CHARS or not _MODEL_NAME.fullmatch(model):
         raise InvalidRequest(
             f"Invalid value for 'model': a model name is 1 to {MAX_MODEL_CHARS} printable ASCII "
             "characters, without spaces or control characters.",
             param="model",
-            code="invalid_value",
+            code=ErrorCode.INVALID_VALUE,
         )
 
 
@@ -121,7 +121,9 @@ def create_request(data: Any, limits: Limits) -> CreateResponseBody:
     _check_depth(body, limits.max_json_depth)
     if body.background:
         raise InvalidRequest(
-            "Background responses are not supported.", param="background", code="unsupported_parameter"
+            "Background responses are not supported.",
+            param="background",
+            code=ErrorCode.UNSUPPORTED_PARAMETER,
         )
     _check_model(body.model)
     _check_context_management(body)
@@ -135,7 +137,7 @@ def _check_context_management(body: CreateResponseBody) -> None:
         raise InvalidRequest(
             "Invalid value for 'context_management[1]': at most one 'compaction' entry is allowed.",
             param="context_management[1]",
-            code="invalid_value",
+            code=ErrorCode.INVALID_VALUE,
         )
 
 
@@ -169,7 +171,7 @@ def _too_deep(param: str, limit: int) -> InvalidRequest:
     return InvalidRequest(
         f"Invalid value for '{param}': nested more than {limit} levels deep.",
         param=param,
-        code="nesting_too_deep",
+        code=ErrorCode.NESTING_TOO_DEEP,
     )
 
 
@@ -218,14 +220,14 @@ def check_call_ids(
                 raise InvalidRequest(
                     f"Duplicate function call id '{item['call_id']}'.",
                     param=f"input[{index}].call_id",
-                    code="duplicate_call_id",
+                    code=ErrorCode.DUPLICATE_CALL_ID,
                 )
             calls.add(item["call_id"])
         elif kind == "function_call_output" and item["call_id"] not in calls and item["call_id"] not in known:
             raise InvalidRequest(
                 f"No tool call found for function call output with call_id '{item['call_id']}'.",
                 param=f"input[{index}].call_id",
-                code="invalid_function_call_output",
+                code=ErrorCode.INVALID_FUNCTION_CALL_OUTPUT,
             )
     return known | calls if calls else known
 

@@ -27,8 +27,11 @@
         ├── UpstreamRejected          400    invalid_request_error  upstream_invalid_request
         └── IllegalTransition         502    server_error           upstream_protocol_error
 
-``chain_too_deep()`` makes an InvalidRequest (param "previous_response_id"). Any ``code`` can be
-overridden per instance (``UpstreamError(..., code="event_limit_exceeded")``).
+Codes are one enumeration, ``ErrorCode`` (each with its HTTP status: a class's status is its
+code's). ``chain_too_deep()`` makes an InvalidRequest (param "previous_response_id"). Any ``code``
+can be overridden per instance (``UpstreamError(..., code=ErrorCode.EVENT_LIMIT_EXCEEDED)``; the
+instance then answers that code's status); an upstream's own code (a ``str`` an adapter read from
+an error body) keeps the class's status.
 
 The three renderings of an error: ``http_body()``, the JSON body of an HTTP error reply;
 ``stream_event(n)``, the ``error`` event (sequence number ``n``) a response stream sends before
@@ -43,13 +46,92 @@ Upstream failures are translated into this tree inside the adapters; nothing ups
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
 
 
+class ErrorCode(StrEnum):
+    """Every error code the gateway itself answers, with the HTTP status it answers it with (the
+    README's error-code table and the metrics' ``error_code`` label set are made from this). A
+    ``GatewayError`` given one of these takes its status; a code an upstream named (a plain
+    ``str``, adapters/upstream_errors.py) keeps the status of the class it is raised with.
+
+    To add a code: a member here (``NAME = "wire_string", status``), a row in the README's
+    "Error codes" table, and raise it as ``SomeError(..., code=ErrorCode.NAME)``."""
+
+    status: int
+
+    def __new__(cls, value: str, status: int) -> ErrorCode:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.status = status
+        return member
+
+    # the tree's own (the classes below)
+    SERVER_ERROR = "server_error", 500
+    INVALID_REQUEST_ERROR = "invalid_request_error", 400
+    MODEL_NOT_FOUND = "model_not_found", 400
+    PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found", 400
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded", 400
+    INVALID_ENCRYPTED_CONTENT = "invalid_encrypted_content", 400
+    WEBSOCKET_CONNECTION_LIMIT_REACHED = "websocket_connection_limit_reached", 400
+    PAYLOAD_TOO_LARGE = "payload_too_large", 413
+    INVALID_API_KEY = "invalid_api_key", 401
+    PERMISSION_DENIED = "permission_denied", 403
+    NOT_FOUND = "not_found", 404
+    RATE_LIMIT_EXCEEDED = "rate_limit_exceeded", 429
+    INSUFFICIENT_QUOTA = "insufficient_quota", 429
+    SERVICE_UNAVAILABLE = "service_unavailable", 503
+    UPSTREAM_ERROR = "upstream_error", 502
+    UPSTREAM_TIMEOUT = "upstream_timeout", 504
+    UPSTREAM_CONNECT_ERROR = "upstream_connect_error", 502
+    UPSTREAM_INVALID_REQUEST = "upstream_invalid_request", 400
+    UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error", 502
+    # a request the gateway refuses
+    INVALID_JSON = "invalid_json", 400
+    INVALID_VALUE = "invalid_value", 400
+    MISSING_REQUIRED_PARAMETER = "missing_required_parameter", 400
+    UNKNOWN_PARAMETER = "unknown_parameter", 400
+    UNSUPPORTED_PARAMETER = "unsupported_parameter", 400
+    TOO_MANY_INPUT_ITEMS = "too_many_input_items", 400
+    NESTING_TOO_DEEP = "nesting_too_deep", 400
+    DUPLICATE_CALL_ID = "duplicate_call_id", 400
+    INVALID_FUNCTION_CALL_OUTPUT = "invalid_function_call_output", 400
+    ITEM_NOT_FOUND = "item_not_found", 400
+    STORE_NOT_ALLOWED = "store_not_allowed", 400
+    INVALID_CONFIG = "invalid_config", 400
+    METHOD_NOT_ALLOWED = "method_not_allowed", 405
+    REQUEST_TIMEOUT = "request_timeout", 408
+    REQUEST_HEADERS_TOO_LARGE = "request_headers_too_large", 431
+    # the WebSocket's
+    UNSUPPORTED_FRAME_TYPE = "unsupported_frame_type", 400
+    UNKNOWN_MESSAGE_TYPE = "unknown_message_type", 400
+    WEBSOCKET_LANE_LIMIT = "websocket_lane_limit", 429
+    WEBSOCKET_QUEUE_FULL = "websocket_queue_full", 429
+    # content a provider cannot take (found before the upstream call)
+    UNSUPPORTED_CONTENT = "unsupported_content", 400
+    INVALID_IMAGE_URL = "invalid_image_url", 400
+    INVALID_FILE_DATA = "invalid_file_data", 400
+    # the upstream's failures, as the gateway names them
+    UPSTREAM_AUTH_ERROR = "upstream_auth_error", 502
+    UPSTREAM_QUOTA_EXCEEDED = "upstream_quota_exceeded", 429
+    MALFORMED_FUNCTION_CALL = "malformed_function_call", 502
+    EVENT_LIMIT_EXCEEDED = "event_limit_exceeded", 502
+    EMPTY_SUMMARY = "empty_summary", 502
+
+
 class GatewayError(Exception):
-    status: int = 500
+    """The root. A subclass names its ``code``; its ``status`` is the code's (``ErrorCode``)."""
+
+    status: int = ErrorCode.SERVER_ERROR.status
     type: str = "server_error"
-    code: str | None = "server_error"
+    code: str | None = ErrorCode.SERVER_ERROR
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        code = cls.__dict__.get("code")
+        if isinstance(code, ErrorCode):
+            cls.status = code.status
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -57,6 +139,8 @@ class GatewayError(Exception):
         self.param = param
         if code is not None:
             self.code = code
+            if isinstance(code, ErrorCode):
+                self.status = code.status
 
     def error_object(self) -> dict[str, Any]:
         return {"type": self.type, "code": self.code, "message": self.message, "param": self.param}
@@ -93,20 +177,19 @@ class ServerError(GatewayError):
 
 
 class InvalidRequest(GatewayError):
-    status = 400
     type = "invalid_request_error"
-    code = "invalid_request_error"
+    code = ErrorCode.INVALID_REQUEST_ERROR
 
 
 class ModelNotFound(InvalidRequest):
-    code = "model_not_found"
+    code = ErrorCode.MODEL_NOT_FOUND
 
     def __init__(self, model: str) -> None:
         super().__init__(f"The requested model '{model}' does not exist.", param="model")
 
 
 class PreviousResponseNotFound(InvalidRequest):
-    code = "previous_response_not_found"
+    code = ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND
 
     def __init__(self, response_id: str) -> None:
         super().__init__(
@@ -122,44 +205,39 @@ def chain_too_deep(max_depth: int) -> InvalidRequest:
 
 
 class ContextLengthExceeded(InvalidRequest):
-    code = "context_length_exceeded"
+    code = ErrorCode.CONTEXT_LENGTH_EXCEEDED
 
 
 class InvalidEncryptedContent(InvalidRequest):
-    code = "invalid_encrypted_content"
+    code = ErrorCode.INVALID_ENCRYPTED_CONTENT
 
 
 class ConnectionLimitReached(InvalidRequest):
-    code = "websocket_connection_limit_reached"
+    code = ErrorCode.WEBSOCKET_CONNECTION_LIMIT_REACHED
 
 
 class AuthenticationFailed(GatewayError):
-    status = 401
     type = "authentication_error"
-    code = "invalid_api_key"
+    code = ErrorCode.INVALID_API_KEY
 
 
 class PermissionDenied(GatewayError):
-    status = 403
     type = "permission_error"
-    code = "permission_denied"
+    code = ErrorCode.PERMISSION_DENIED
 
 
 class NotFound(GatewayError):
-    status = 404
     type = "not_found"
-    code = "not_found"
+    code = ErrorCode.NOT_FOUND
 
 
 class PayloadTooLarge(InvalidRequest):
-    status = 413
-    code = "payload_too_large"
+    code = ErrorCode.PAYLOAD_TOO_LARGE
 
 
 class RateLimited(GatewayError):
-    status = 429
     type = "too_many_requests"
-    code = "rate_limit_exceeded"
+    code = ErrorCode.RATE_LIMIT_EXCEEDED
 
     def __init__(
         self,
@@ -177,22 +255,20 @@ class RateLimited(GatewayError):
 class QuotaExceeded(RateLimited):
     """A tenant's token budget is spent for its period."""
 
-    code = "insufficient_quota"
+    code = ErrorCode.INSUFFICIENT_QUOTA
 
 
 class ServiceUnavailable(GatewayError):
-    status = 503
     type = "server_error"
-    code = "service_unavailable"
+    code = ErrorCode.SERVICE_UNAVAILABLE
 
 
 class UpstreamError(GatewayError):
     """The provider failed. ``retryable`` marks failures worth a retry or a fallback model
     (429, 5xx, timeouts, connection errors) when no output has reached the client yet."""
 
-    status = 502
     type = "server_error"
-    code = "upstream_error"
+    code = ErrorCode.UPSTREAM_ERROR
 
     def __init__(
         self,
@@ -210,31 +286,28 @@ class UpstreamError(GatewayError):
 
 
 class UpstreamTimeout(UpstreamError):
-    status = 504
-    code = "upstream_timeout"
+    code = ErrorCode.UPSTREAM_TIMEOUT
 
 
 class UpstreamConnectError(UpstreamError):
-    code = "upstream_connect_error"
+    code = ErrorCode.UPSTREAM_CONNECT_ERROR
 
 
 class UpstreamRateLimited(UpstreamError):
     """The provider said 429: shown to the client as 429 too_many_requests."""
 
-    status = 429
     type = "too_many_requests"
-    code = "rate_limit_exceeded"
+    code = ErrorCode.RATE_LIMIT_EXCEEDED
 
 
 class UpstreamRejected(UpstreamError):
     """The provider refused the request as invalid (its 400/404/422): the client can fix it."""
 
-    status = 400
     type = "invalid_request_error"
-    code = "upstream_invalid_request"
+    code = ErrorCode.UPSTREAM_INVALID_REQUEST
 
 
 class IllegalTransition(UpstreamError):
     """The delta sequence broke a state machine of the ResponseBuilder (an adapter or upstream bug)."""
 
-    code = "upstream_protocol_error"
+    code = ErrorCode.UPSTREAM_PROTOCOL_ERROR

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from websockets.exceptions import InvalidStatus
 
+from gateway.kernel.errors import ErrorCode
 from gateway.kernel.settings import Settings
 from gateway.metrics import OTHER, Metrics
 from tests.fakes.openai_chat import FakeOpenAIChat, smart_reply
@@ -130,6 +131,21 @@ async def test_traffic_is_counted_in_every_family(served: ServedApp, fake: FakeO
     assert value(fams, "gateway_state_store_errors", "gateway_state_store_errors_total") == 0
     assert value(fams, "gateway_compactions", "gateway_compactions_total", kind="compact") == 1
     assert value(fams, "process_resident_memory_bytes") > 0
+
+
+def test_every_gateway_error_code_is_a_label_even_after_upstream_codes_took_the_extra_room() -> None:
+    m = Metrics(Settings())
+    for n in range(100):  # codes upstream error bodies named: a bounded number get a label each
+        m.observe("http", None, 400, 0.01, None, error_code=f"upstream_code_{n}")
+    for code in ErrorCode:
+        m.observe("websocket", None, code.status, 0.01, None, error_code=code)
+    fams = scrape(m.render().decode())
+    labels = {
+        s.labels["error_code"]
+        for s in fams["gateway_requests"].samples
+        if s.labels.get("transport") == "websocket"
+    }
+    assert labels == {code.value for code in ErrorCode}  # websocket_lane_limit too, which the old list lacked
 
 
 async def test_refused_websocket_upgrades_are_counted_as_requests(fake_server: FakeOpenAIChat) -> None:

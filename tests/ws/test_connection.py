@@ -64,7 +64,15 @@ async def test_upgrade_refused_without_a_valid_key(authed: ServedApp, header: st
     response = info.value.response
     assert response.status_code == 401
     assert orjson.loads(response.body)["error"]["code"] == "invalid_api_key"
-    assert ws_requests(authed) == 0  # no turn ran
+    metrics = authed.app.state.metrics
+    assert metrics.total("gateway_websocket_turns_total") == 0  # no turn ran
+    # the refusal is a request of its own, with its status and code
+    assert (
+        metrics.total(
+            "gateway_requests_total", transport="websocket", status="401", error_code="invalid_api_key"
+        )
+        >= 1
+    )
 
 
 async def test_upgrade_accepted_with_a_valid_key(authed: ServedApp) -> None:
