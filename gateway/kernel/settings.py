@@ -446,6 +446,13 @@ class ProviderSettings(_Strict):
             raise _Problems(problems)
         return value
 
+    @field_validator("anthropic_version")
+    @classmethod
+    def _version_header(cls, value: str) -> str:
+        if problems := _header_problems({"anthropic-version": value}):
+            raise _invalid(problems[0][1])
+        return value
+
     def resolved_base_url(self) -> str:
         return (self.base_url or DEFAULT_BASE_URLS.get(self.kind, "")).rstrip("/")
 

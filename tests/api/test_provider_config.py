@@ -50,6 +50,7 @@ def refusal(provider: dict[str, Any]) -> str:
         ({"headers": {"x-key": f"{SECRET}\x7f"}}, "headers.x-key", "the value holds a control"),
         ({"headers": {"x-key": f"{SECRET}ü"}}, "headers.x-key", "non-ASCII"),
         ({"headers": {"x-key": f" {SECRET}"}}, "headers.x-key", "whitespace"),
+        ({"anthropic_version": "2023-06-01\r\nx-evil: 1"}, "anthropic_version", "the value holds a control"),
     ],
 )
 def test_a_provider_field_the_request_cannot_carry_is_refused(
