@@ -1,10 +1,11 @@
 """A lean HTTP/1.1 keep-alive client for upstream calls: asyncio transports, the ``httptools``
 response parser (the C parser uvicorn uses), a LIFO pool of idle connections, optional forward
 proxies. Laid out as httpcore is: :mod:`~adapters.http1.pool` (the pool, the request head, getting a
-connection), :mod:`~adapters.http1.connection` (one connection), :mod:`~adapters.http1.exchange`
+connection), :mod:`~adapters.http1.connection` (one connection, its idle-socket check),
+:mod:`~adapters.http1.exchange`
 (one response's state, its limits and the bounded decoder), :mod:`~adapters.http1.proxy` (which
 proxy, the CONNECT tunnel), :mod:`~adapters.http1.network` (DNS, Happy Eyeballs, a failure's
-name, the idle-socket check) and :mod:`~adapters.http1.errors`.
+name) and :mod:`~adapters.http1.errors`.
 
 Only what the gateway needs: POST/GET with a whole body, responses framed by Content-Length,
 chunked or the connection's close, gzip/deflate decoding. :mod:`adapters.transport` is the

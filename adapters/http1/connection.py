@@ -4,10 +4,10 @@ at a time (a CONNECT tunnel's answer before any), and what tells whether it may 
 from __future__ import annotations
 
 import asyncio
+import select
 from typing import TYPE_CHECKING
 
 from adapters.http1.exchange import Exchange
-from adapters.http1.network import is_readable
 
 if TYPE_CHECKING:
     from adapters.http1.pool import Pool
@@ -24,10 +24,10 @@ class Connection(asyncio.Protocol):
         "closed",
         "eof",
         "exchange",
-        "fd",
         "idle_since",
         "key",
         "loop",
+        "poller",
         "pool",
         "spoiled",
         "transport",
@@ -40,7 +40,7 @@ class Connection(asyncio.Protocol):
         self.key = key
         self.loop = pool.loop
         self.transport: asyncio.Transport | None = None
-        self.fd = -1
+        self.poller: select.poll | None = None  # the socket, for stale bytes or an EOF unread
         self.exchange: Exchange | None = None  # the request in flight
         self.tunnel: bytearray | None = None  # a CONNECT answer's head being read
         self.tunnel_waiter: asyncio.Future[None] | None = None
@@ -53,8 +53,9 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         sock = transport.get_extra_info("socket")
-        if sock is not None:
-            self.fd = sock.fileno()
+        if sock is not None and self.poller is None:
+            self.poller = select.poll()  # one per connection: a reuse check is one poll(2)
+            self.poller.register(sock.fileno(), select.POLLIN)
 
     def data_received(self, data: bytes) -> None:
         ex = self.exchange
@@ -114,7 +115,7 @@ class Connection(asyncio.Protocol):
 
     def close(self) -> None:
         if self.exchange is not None:
-            self.exchange.disarm()
+            self.exchange.detach()
         if not self.closed:
             self.closed = True
             if self.transport is not None:
@@ -137,4 +138,4 @@ class Connection(asyncio.Protocol):
     def reusable(self) -> bool:
         """Usable, and its socket holds no stale byte and no EOF the loop has not read yet
         (checked just before an idle connection is given a request, as httpcore does)."""
-        return self.usable and not (self.fd >= 0 and is_readable(self.fd))
+        return self.usable and not (self.poller is not None and self.poller.poll(0))

@@ -205,6 +205,13 @@ class Exchange:
             self.timer.cancel()
             self.timer = None
 
+    def detach(self) -> None:
+        """Done with this exchange: its timer stops, and the parser goes (it refers back to this
+        object: left in place, the pair would wait for the cyclic garbage collector)."""
+        self.disarm()
+        if hasattr(self, "parser"):
+            del self.parser
+
     def _on_timer(self) -> None:
         self.timer = None
         if self.complete or self.exc is not None:
@@ -346,7 +353,7 @@ class Response:
         if ex is None:
             return
         self._exchange = None
-        ex.disarm()
+        ex.detach()
         conn = ex.conn
         conn.exchange = None
         if ex.complete and ex.keep_alive and ex.exc is None and not ex.body and conn.usable:

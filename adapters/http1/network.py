@@ -1,12 +1,10 @@
 """The network under the client: a host's addresses resolved by the loop and raced (Happy
-Eyeballs, RFC 8305, by aiohappyeyeballs, as aiohttp connects), a failure named in fixed words, and
-whether an idle socket has something to read (httpcore's ``is_readable``)."""
+Eyeballs, RFC 8305, by aiohappyeyeballs, as aiohttp connects) and a failure named in fixed words."""
 
 from __future__ import annotations
 
 import asyncio
 import errno
-import select
 import socket
 import ssl
 from collections.abc import Sequence
@@ -15,7 +13,7 @@ import aiohappyeyeballs
 
 from adapters.http1.errors import ConnectFailure
 
-__all__ = ["HAPPY_EYEBALLS_DELAY", "connect_failure", "is_readable", "open_socket", "resolve"]
+__all__ = ["HAPPY_EYEBALLS_DELAY", "connect_failure", "open_socket", "resolve"]
 
 # a host's next address is tried after this long while the first still connects, so an address
 # that never answers (an IPv6 route that drops packets) costs this delay, not the connect timeout
@@ -68,11 +66,3 @@ def connect_failure(exc: OSError) -> ConnectFailure:
     if isinstance(exc, ConnectionError):
         return ConnectFailure.CLOSED
     return ConnectFailure.UNREACHABLE
-
-
-def is_readable(fd: int) -> bool:
-    """True if the socket has bytes or an EOF waiting (an idle connection must have neither:
-    stale bytes would be read as the next answer, an EOF would lose the next request)."""
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(0))
