@@ -30,11 +30,11 @@ __all__ = ["IDLE_SECONDS", "Pool"]
 
 IDLE_SECONDS = 30.0  # an idle pooled connection is closed after this long
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-# The caller's header lines, whole: a token for the name (RFC 9110 5.1) and a value of visible
-# ASCII with single spaces or tabs inside (h11's field-value, without obs-text: no byte >= 0x80).
-# One match per request; a NUL, another control byte, DEL, a line break or a non-ASCII
-# character anywhere fails it.
-_HEADER_LINES = re.compile(r"(?:[-!#$%&'*+.^_`|~0-9A-Za-z]+: (?:[!-~]+(?:[ \t]+[!-~]+)*)?\r\n)*")
+# The caller's header lines, whole: a token for the name (h11's and RFC 9110's) and a value of
+# visible ASCII, spaces and tabs (h11's field-value without obs-text: no byte >= 0x80; the
+# spaces around a value it drops are left as given). A NUL, another control byte, DEL, a line
+# break or a non-ASCII character anywhere fails it.
+_HEADER_LINES = re.compile(r"(?:[-!#$%&'*+.^_`|~0-9A-Za-z]+: [\t -~]*\r\n)*")
 # framing headers the client writes itself; a caller's would be a second one
 _OWN_HEADERS = frozenset({"host", "content-length", "transfer-encoding"})
 

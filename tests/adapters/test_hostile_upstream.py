@@ -229,6 +229,23 @@ async def test_a_request_header_h11_would_refuse_is_never_sent(headers: dict[str
     assert next(iter(headers.values())) not in info.value.message  # fixed words only
 
 
+@pytest.mark.parametrize(
+    "value", ["nul\x00", "bell\x07", "del\x7f", "caf\u00e9", "a\r\nx-evil: 1", "tab\t\x01"]
+)
+async def test_a_bad_value_under_a_header_name_sent_before_is_refused_too(value: str) -> None:
+    upstream = Answering(lambda n: _ok())
+    async with serve_raw(upstream) as server:
+        url = f"http://127.0.0.1:{server.port}"
+        client = _client(url)
+        try:
+            assert await _call(client, url, {"x-a": "fine"}) == [OK]  # (the client remembers the name)
+            with pytest.raises(UpstreamError, match="not sent"):
+                await _call(client, url, {"x-a": value})
+        finally:
+            await client.aclose()
+    assert upstream.requests == 1
+
+
 async def test_valid_header_values_still_go_out() -> None:
     heads: list[bytes] = []
 
@@ -243,11 +260,11 @@ async def test_valid_header_values_still_go_out() -> None:
         url = f"http://127.0.0.1:{server.port}"
         client = _client(url)
         try:
-            headers = {"authorization": "Bearer sk-1", "x-b": "a, b\tc", "x-empty": "", "X-Tok_~!": "~"}
+            headers = {"authorization": "Bearer sk-1", "x-b": "a, b\tc ", "x-empty": "", "X-Tok_~!": "~"}
             await _call(client, url, headers)
         finally:
             await client.aclose()
-    assert b"x-b: a, b\tc\r\nx-empty: \r\nX-Tok_~!: ~\r\n" in heads[0]
+    assert b"x-b: a, b\tc \r\nx-empty: \r\nX-Tok_~!: ~\r\n" in heads[0]
 
 
 # -- a request is written once ----------------------------------------------------------------------
