@@ -1,4 +1,4 @@
-"""adapters/http1.py through adapters/transport.py, on real loopback sockets: keep-alive reuse and
+"""adapters/http1/ through adapters/transport.py, on real loopback sockets: keep-alive reuse and
 its limits (a server closing an idle connection, Connection: close, cancellation), body framings
 and encodings, the connection limit and its wait, timeouts, and header injection refused."""
 
