@@ -166,7 +166,7 @@ class HTTPStreamAdapter(Generic[T]):
             for delta in self.finish(translator, ended):
                 yield delta
         except UpstreamError as exc:
-            call.error_code = exc.code
+            call.failed(exc)
             raise
         finally:
             call.log()

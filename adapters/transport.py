@@ -22,11 +22,12 @@ from adapters.http1 import (
     ConnectError,
     ConnectionLost,
     HTTPClientError,
-    InvalidRequest,
     Pool,
     ProtocolError,
     ReadTimeout,
+    RequestNotSent,
     Response,
+    ResponseTooLarge,
 )
 from adapters.upstream_errors import map_status_error
 from gateway.kernel.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
@@ -35,6 +36,7 @@ from gateway.kernel.settings import ProviderSettings
 
 __all__ = [
     "ERROR_BODY_LIMIT",
+    "RESPONSE_BODY_LIMIT",
     "UpstreamCall",
     "UpstreamClient",
     "UpstreamStream",
@@ -45,6 +47,8 @@ __all__ = [
 log = structlog.get_logger("adapters.upstream")
 
 ERROR_BODY_LIMIT = 64 * 1024  # bytes of an error body read to pick a code; the rest is dropped
+# bytes of an unstreamed answer's body (read_json), and of any compressed answer's decoded body
+RESPONSE_BODY_LIMIT = 64 * 1024 * 1024
 # The provider's own id for a call, in a response header: OpenAI's x-request-id, Anthropic's request-id.
 _ID_HEADERS = ("x-request-id", "request-id")
 USER_AGENT = "openresponses-gateway"
@@ -53,10 +57,11 @@ USER_AGENT = "openresponses-gateway"
 class UpstreamCall:
     """One upstream call's ``upstream_call`` log line (info): ``request_id`` (the request's, sent as
     X-Request-Id when id-shaped), the provider ``kind``, the HTTP ``status`` (None: no answer), the provider's
-    ``upstream_request_id``, ``duration_ms`` to the end of the body and the ``error_code`` of a
-    failed call. :func:`open_stream` notes the answer; the caller calls :meth:`log` once, at the end."""
+    ``upstream_request_id``, ``duration_ms`` to the end of the body and the ``error_code`` and
+    ``error`` (the gateway's own fixed words, e.g. why no connection was made) of a failed call.
+    :func:`open_stream` notes the answer; the caller calls :meth:`log` once, at the end."""
 
-    __slots__ = ("error_code", "kind", "request_id", "start", "status", "upstream_request_id")
+    __slots__ = ("error", "error_code", "kind", "request_id", "start", "status", "upstream_request_id")
 
     def __init__(self, kind: str, request_id: str | None) -> None:
         self.kind = kind
@@ -65,6 +70,7 @@ class UpstreamCall:
         self.status: int | None = None
         self.upstream_request_id: str | None = None
         self.error_code: str | None = None
+        self.error: str | None = None
 
     def answered(self, status: int, headers: Mapping[str, str]) -> None:
         self.status = status
@@ -78,6 +84,10 @@ class UpstreamCall:
         if self.upstream_request_id is None:
             self.upstream_request_id = safe_id(value)
 
+    def failed(self, exc: UpstreamError) -> None:
+        self.error_code = exc.code
+        self.error = exc.message
+
     def log(self) -> None:
         log.info(
             "upstream_call",
@@ -87,6 +97,7 @@ class UpstreamCall:
             upstream_request_id=self.upstream_request_id,
             duration_ms=round((time.perf_counter() - self.start) * 1000, 3),
             error_code=self.error_code,
+            error=self.error,
         )
 
 
@@ -128,7 +139,7 @@ class UpstreamClient:
     WebSocket turn; README "Upstream HTTP client" has the figures.
     """
 
-    __slots__ = ("_pool", "_tls", "connect_timeout", "max_connections", "proxy", "read_timeout")
+    __slots__ = ("_pool", "_tls", "connect_timeout", "max_connections", "proxy", "read_timeout", "trust_env")
 
     def __init__(self, settings: ProviderSettings) -> None:
         t = settings.timeouts
@@ -136,6 +147,7 @@ class UpstreamClient:
         self.read_timeout = t.read
         self.max_connections = settings.max_connections
         self.proxy = settings.proxy.get_secret_value() if settings.proxy is not None else None
+        self.trust_env = settings.trust_env  # no proxy configured: the environment's HTTP(S)_PROXY
         self._pool: Pool | None = None
         self._tls: ssl.SSLContext | None = None
 
@@ -155,6 +167,8 @@ class UpstreamClient:
                 tls=self._tls,
                 proxy=self.proxy,
                 user_agent=USER_AGENT,
+                body_limit=RESPONSE_BODY_LIMIT,
+                trust_env=self.trust_env,
             )
         return self._pool
 
@@ -195,7 +209,7 @@ class UpstreamStream:
         except (HTTPClientError, TimeoutError) as exc:
             raise map_transport_error(exc) from None
 
-    async def read_json(self, limit: int = 64 * 1024 * 1024) -> Any:
+    async def read_json(self, limit: int = RESPONSE_BODY_LIMIT) -> Any:
         """The rest of the body parsed as JSON (for a server that did not stream)."""
         buf = bytearray()
         while (chunk := await self.next_chunk()) is not None:
@@ -287,16 +301,20 @@ async def _read_bounded(stream: UpstreamStream) -> bytes:
 def map_transport_error(exc: BaseException) -> UpstreamError:
     """The gateway error for a failure of the HTTP client (:mod:`adapters.http1`) or the call's
     deadline (``TimeoutError``)."""
-    if isinstance(exc, ConnectError):
-        return UpstreamConnectError("The gateway could not connect to the upstream provider.", retryable=True)
+    if isinstance(exc, ConnectError):  # the reason in fixed words: refused, timed out, certificate ...
+        return UpstreamConnectError(
+            f"The gateway could not connect to the upstream provider: {exc.reason}.", retryable=True
+        )
     if isinstance(exc, ReadTimeout):
         return UpstreamTimeout("The upstream provider did not respond in time.", retryable=True)
     if isinstance(exc, TimeoutError):  # the call's total deadline, or a caller's
         return UpstreamTimeout("The upstream call exceeded its total time limit.", retryable=True)
     if isinstance(exc, ConnectionLost | ConnectionError):
         return UpstreamError("The connection to the upstream provider was lost.", retryable=True)
+    if isinstance(exc, ResponseTooLarge):  # a head or decoded body past its limit: not retried
+        return UpstreamError("The upstream provider sent an oversized response.")
     if isinstance(exc, ProtocolError):
         return UpstreamError("The upstream provider sent a malformed HTTP response.", retryable=True)
-    if isinstance(exc, InvalidRequest):
-        return UpstreamError(str(exc))  # fixed words (adapters/http1.py): never the URL or a value
+    if isinstance(exc, RequestNotSent):
+        return UpstreamError(str(exc))  # fixed words (adapters/http1/): never the URL or a value
     return UpstreamError("The upstream request failed.")

@@ -1,5 +1,5 @@
 """CPU per upstream call of the gateway's HTTP client (``adapters/transport.py`` over
-``adapters/http1.py``), in process, against the bench fake upstream: a small streamed POST, a
+``adapters/http1/``), in process, against the bench fake upstream: a small streamed POST, a
 64-chunk and a 4096-chunk stream, each body read with ``next_chunk``; ``bench/load.py``'s raw client
 (a bare asyncio protocol that scans the bytes for its markers) in the same run. ``--against TREE`` adds
 another checkout's ``adapters/transport.py`` (e.g. one still on aiohttp), loaded from its file.

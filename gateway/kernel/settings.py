@@ -418,6 +418,8 @@ class ProviderSettings(_Strict):
     max_connections: int = Field(default=200, ge=1)
     # http://[user:pass@]host:port for upstream calls (none: direct)
     proxy: Annotated[SecretStr | None, AfterValidator(_proxy_url)] = None
+    # no proxy above: take HTTPS_PROXY / HTTP_PROXY / ALL_PROXY / NO_PROXY from the environment
+    trust_env: bool = False
     # text/argument deltas decoded from one upstream read go out as one event (README "Relay cost");
     # false: one event per upstream delta
     merge_deltas: bool = True

@@ -1,5 +1,5 @@
 """The pure stream translators and request builders import no HTTP client: nothing they import,
-directly or through the project modules those import, is the upstream client (adapters/http1.py,
+directly or through the project modules those import, is the upstream client (adapters/http1/,
 adapters/transport.py), its parser or another HTTP client (package ``__init__`` files aside)."""
 
 from __future__ import annotations

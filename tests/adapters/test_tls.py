@@ -6,60 +6,26 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import datetime as dt
-import ipaddress
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from pydantic import ValidationError
 
 from adapters.transport import UpstreamClient, open_stream
 from gateway.kernel.errors import UpstreamConnectError
 from gateway.kernel.settings import ProviderSettings
+from tests.adapters.wire import make_cert, pipe
 from tests.fakes.server import serve_raw
 
 BODY = b'{"ok":true}'
 
 
-def _self_signed(tmp: Path) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(hours=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp / "cert.pem", tmp / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    return cert_path, key_path
-
-
 @pytest.fixture
 async def tls_server(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
-    cert, key = _self_signed(tmp_path)
+    cert, key = make_cert(tmp_path)
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(cert, key)
 
@@ -117,17 +83,6 @@ async def test_a_certificate_trusted_through_ssl_cert_file_works(
     assert await _call(url) == {"ok": True}
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    except ConnectionError:
-        pass
-    finally:
-        writer.close()
-
-
 class _TunnelProxy:
     """A forward proxy that answers ``CONNECT`` with ``status`` and, on 200, relays bytes both ways."""
 
@@ -144,7 +99,7 @@ class _TunnelProxy:
             return
         host, _, port = head.split(b" ")[1].decode().rpartition(":")
         up_reader, up_writer = await asyncio.open_connection(host, int(port))
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
 
 async def test_an_https_upstream_through_the_proxy_is_a_tls_tunnel(

@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from adapters.http1 import ConnectError, ConnectionLost, InvalidRequest, ProtocolError, ReadTimeout
+from adapters.http1 import (
+    ConnectError,
+    ConnectFailure,
+    ConnectionLost,
+    ProtocolError,
+    ReadTimeout,
+    RequestNotSent,
+)
 from adapters.transport import ERROR_BODY_LIMIT, UpstreamClient, map_transport_error, open_stream
 from gateway.kernel.errors import (
     UpstreamConnectError,
@@ -27,14 +34,14 @@ from tests.fakes.server import serve_asgi, serve_raw, unused_port
 @pytest.mark.parametrize(
     ("exc", "cls", "retryable"),
     [
-        (ConnectError(f"refused {SECRET}"), UpstreamConnectError, True),
-        (ConnectError(f"timed out http://x?key={SECRET}"), UpstreamConnectError, True),
+        (ConnectError(ConnectFailure.REFUSED), UpstreamConnectError, True),
+        (ConnectError(ConnectFailure.TIMED_OUT), UpstreamConnectError, True),
         (ReadTimeout("read"), UpstreamTimeout, True),
         (TimeoutError(), UpstreamTimeout, True),
         (ConnectionLost("closed"), UpstreamError, True),
         (ConnectionResetError(104, "reset"), UpstreamError, True),
         (ProtocolError(f"bad {SECRET}"), UpstreamError, True),
-        (InvalidRequest("The upstream URL is not an HTTP or HTTPS URL."), UpstreamError, False),
+        (RequestNotSent("The upstream URL is not an HTTP or HTTPS URL."), UpstreamError, False),
         (ValueError(f"ftp://x?key={SECRET}"), UpstreamError, False),
     ],
 )

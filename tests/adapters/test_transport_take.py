@@ -1,4 +1,4 @@
-"""``UpstreamStream.next_chunk`` takes the whole body read so far (adapters/http1.py): many HTTP
+"""``UpstreamStream.next_chunk`` takes the whole body read so far (adapters/http1/): many HTTP
 chunks written at once come out in a few reads, not one per chunk; more than the flow-control
 high water is paused and resumed without loss and with bounded buffering; paced chunks come as
 they arrive; and the connection is reusable afterwards."""
