@@ -67,6 +67,11 @@ class _Down:
             raise ServiceUnavailable("limiter unavailable")
         await self.inner.settle(*a)
 
+    async def release(self, *a: Any) -> None:
+        if self.down:
+            raise ServiceUnavailable("limiter unavailable")
+        await self.inner.release(*a)
+
     def settle_nowait(self, *a: Any) -> bool:
         return False
 
@@ -84,12 +89,12 @@ async def test_an_outage_is_logged_once_and_counted(mode: str) -> None:
     with capture_logs() as logs:
         for _ in range(3):
             if mode == "allow":
-                assert await lim.reserve(who, checks, labels, 0) is None  # served unlimited
+                assert await lim.reserve(who, checks, labels, 0, seconds=1) is None  # served unlimited
             else:
                 with pytest.raises(ServiceUnavailable):
-                    await lim.reserve(who, checks, labels, 0)
+                    await lim.reserve(who, checks, labels, 0, seconds=1)
         down.down = False
-        held = await lim.reserve(who, checks, labels, 0)
+        held = await lim.reserve(who, checks, labels, 0, seconds=1)
         assert held is not None
         await lim.settle_soon(held, 0)
         await lim.aclose()

@@ -14,7 +14,7 @@ from tests.state.conftest import REDIS_MODES, target_of
 
 RPM = Check("r", "rpm", 3)
 TPM = Check("t", "tpm", 1000)
-CONC = Check("c", "conc", 2, 60_000)
+CONC = Check("c", "conc", 2)
 BUDGET = Check("b", "budget:x", 500, 3_600_000)
 
 
@@ -50,7 +50,7 @@ async def test_all_or_nothing_and_settlement(limiter: Limiter) -> None:
     again = await limiter.admit("t", [CONC, TPM, BUDGET], "c", 50)
     assert again.failed is None and again.used == [2, 450, 450]
     assert (await limiter.admit("t", [CONC], "d", 0)).failed == 0  # two leases held
-    await limiter.settle("t", [CONC, TPM, BUDGET], "a", -390, first.second)  # used 10 of 400
+    await limiter.settle("t", [CONC, TPM, BUDGET], "a", -390)  # used 10 of 400
     after = await limiter.admit("t", [CONC, TPM, BUDGET], "e", 0)
     assert after.failed is None and after.used == [2, 60, 60]
     never = await limiter.admit("t", [TPM], "f", 5000)
