@@ -11,12 +11,24 @@ Tokens are reserved, then settled: ``Gateway.prepare`` reserves the estimated in
 as the request count and the concurrency lease, so concurrent requests (on any replica) can never
 together pass a limit. The end-of-turn hook settles the charge to the real usage (input + output;
 without usage, the estimate of what was produced) and releases the lease; against Redis that
-round trip runs beside the response rather than before it.
+round trip runs beside the response rather than before it. A compacting request is admitted before
+its summarizing call, which then charges only its own tokens.
+
+No charge without an outcome: an admission this process never learns the outcome of (the request
+task cancelled while it was in flight, a timeout, a lost connection: the command may still run on
+the server) is released in the background, and so is a settlement that failed sent again, while
+the limiter is down, until the lease's deadline (``_compensate``; the releases and settlements
+themselves apply at most once, ``state/limits.py``). A lease lasts its request's deadline (the
+route's ``total_seconds``, twice for a compacting request, the socket's age limit and drain for a
+WebSocket connection) plus ``LEASE_MARGIN_SECONDS``.
 
 When the limiter cannot answer (Redis down or slower than ``state.timeout_seconds``),
 ``limits.on_limiter_error`` decides: ``allow`` serves the request unlimited, ``deny`` refuses it
 with 503. The outage is logged once when it starts and once when it ends, and counted
 (``errors``, shown on /metrics).
+
+The ``x-ratelimit-*`` headers are built here (``_headers``), all six whenever a per-minute limit
+applies; a dimension without a limit reads ``UNLIMITED``.
 """
 
 from __future__ import annotations
@@ -51,6 +63,7 @@ _WHAT = {"rpm": "requests per minute", "tpm": "tokens per minute", "conc": "conc
 LEASE_MARGIN_SECONDS = 60.0
 # what the headers say of a dimension no limit applies to: no client's integer type overflows on it
 UNLIMITED = 2**31 - 1
+_UNLIMITED = str(UNLIMITED)
 _MAX_PENDING = 10_000  # compensations waiting for the limiter: past this, new ones are given up
 _RETRY_FIRST, _RETRY_MAX = 0.05, 2.0  # seconds between a compensation's tries
 
@@ -330,7 +343,12 @@ def _headers(checks: list[Check], out: Outcome) -> dict[str, str]:
         return {}
     headers: dict[str, str] = {}
     for kind, what in (("r", "requests"), ("t", "tokens")):
-        left, limit, reset = best.get(kind, (UNLIMITED, UNLIMITED, 0))
+        found = best.get(kind)
+        if found is None:
+            headers[f"x-ratelimit-limit-{what}"] = headers[f"x-ratelimit-remaining-{what}"] = _UNLIMITED
+            headers[f"x-ratelimit-reset-{what}"] = "0s"
+            continue
+        left, limit, reset = found
         headers[f"x-ratelimit-limit-{what}"] = str(limit)
         headers[f"x-ratelimit-remaining-{what}"] = str(left)
         headers[f"x-ratelimit-reset-{what}"] = reset_text(reset)

@@ -201,3 +201,28 @@ async def test_a_frozen_redis_during_a_burst_leaves_no_charge(private_redis: Red
             after = await charges.until(lambda c: {k: c[k] for k in want} == want and c["unsettled"] == 0)
     assert {k: after[k] for k in want} == want, (after, len(spared))
     assert after["budget"] == after["tokens"] and after["unsettled"] == 0, after
+
+
+async def test_a_lease_lasts_its_requests_deadline(private_redis: RedisServer) -> None:
+    """A request on a route whose calls may take 20 s holds its lease for those 20 s plus the
+    margin, not for the longest total of any provider (600 s here) plus a minute."""
+    p = unique_prefix()
+    charges = Charges(private_redis.url, p)
+    async with FakeOpenAIChat.serve() as fake:
+        fake.default = Reply.text("late", delay=10)
+        cfg = settings(fake, private_redis.url, p)
+        cfg["providers"]["up"]["timeouts"] = {"total": 20}
+        cfg["providers"]["other"] = {"kind": "openai-chat", "base_url": fake.base_url, "api_key": "sk-up"}
+        with serve(cfg) as served:
+            _, writer = await asyncio.open_connection("127.0.0.1", served.port)
+            writer.write(http_request(served.port, BODY))
+            for _ in range(1000):
+                if fake.requests:
+                    break
+                await asyncio.sleep(0.01)
+            [(_, until)] = charges.db.zrange(charges.base + "conc", 0, -1, withscores=True)
+            seconds, micros = charges.db.time()
+            left = until / 1000 - (seconds + micros / 1e6)
+            writer.transport.abort()
+            assert 20 + 60 - 5 < left <= 20 + 60, left
+            assert (await charges.until(lambda c: c["leases"] == 0))["leases"] == 0
