@@ -91,6 +91,17 @@ def http_request(port: int, body: dict[str, Any]) -> bytes:
     return head.encode() + payload
 
 
+async def reach_upstream(port: int, fake: FakeOpenAIChat) -> asyncio.StreamWriter:
+    """Send a request and wait until the upstream has it (the connection stays open)."""
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(http_request(port, BODY))
+    for _ in range(1000):
+        if fake.requests:
+            return writer
+        await asyncio.sleep(0.01)
+    raise AssertionError("the request did not reach the upstream")
+
+
 async def leave_http(port: int, body: dict[str, Any], after: float) -> None:
     """Send the request whole, then hang up ``after`` seconds later."""
     _, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -131,14 +142,8 @@ async def test_clients_that_leave_early_leave_no_charge(private_redis: RedisServ
         fake.default = Reply.text("never read", delay=10)
         with serve(settings(fake, private_redis.url, p)) as served:
             # one request that reaches the upstream, then leaves: what one admitted request costs
-            _, writer = await asyncio.open_connection("127.0.0.1", served.port)
-            writer.write(http_request(served.port, BODY))
-            for _ in range(1000):
-                if fake.requests:
-                    break
-                await asyncio.sleep(0.01)
+            writer = await reach_upstream(served.port, fake)
             writer.transport.abort()
-            assert fake.requests, "the request did not reach the upstream"
             one = await charges.until(lambda c: c["leases"] == 0 and c["unsettled"] == 0)
             assert one["requests"] == 1 and one["leases"] == 0, one
             estimate = one["tokens"]
@@ -214,12 +219,7 @@ async def test_a_lease_lasts_its_requests_deadline(private_redis: RedisServer) -
         cfg["providers"]["up"]["timeouts"] = {"total": 20}
         cfg["providers"]["other"] = {"kind": "openai-chat", "base_url": fake.base_url, "api_key": "sk-up"}
         with serve(cfg) as served:
-            _, writer = await asyncio.open_connection("127.0.0.1", served.port)
-            writer.write(http_request(served.port, BODY))
-            for _ in range(1000):
-                if fake.requests:
-                    break
-                await asyncio.sleep(0.01)
+            writer = await reach_upstream(served.port, fake)
             [(_, until)] = charges.db.zrange(charges.base + "conc", 0, -1, withscores=True)
             seconds, micros = charges.db.time()
             left = until / 1000 - (seconds + micros / 1e6)
