@@ -116,10 +116,10 @@ class TenantLimiter:
         self.close_seconds = max(1.0, 2 * settings.state.timeout_seconds)
         self._clock = clock or time.time
         self.errors = 0  # limiter calls that failed (shown on /metrics)
-        self.abandoned = 0  # compensations given up (the limiter down past their deadline, or too many)
         self._pending: set[asyncio.Task[None]] = set()
         self._cache: dict[tuple[str, str | None], tuple[list[Check], list[str], float]] = {}
         self.down = False
+        self._abandoning = False
 
     def _tenant(self, name: str) -> TenantSettings:
         return self.settings.tenants.get(name) or TenantSettings()
@@ -286,8 +286,10 @@ class TenantLimiter:
                 return
 
     def _abandon(self, why: str) -> None:
-        self.abandoned += 1
-        log.warning("limiter_compensation_abandoned", reason=why)
+        """Logged once until the limiter answers again (an outage may abandon many)."""
+        if not self._abandoning:
+            self._abandoning = True
+            log.warning("limiter_compensation_abandoned", reason=why)
 
     async def aclose(self) -> None:
         """Give the compensations in flight a moment (``close_seconds``) to land, then stop."""
@@ -316,6 +318,7 @@ class TenantLimiter:
             log.warning("limiter_unavailable", on_limiter_error=self.on_error)
 
     def _ok(self) -> None:
+        self._abandoning = False
         if self.down:
             self.down = False
             log.info("limiter_available")
