@@ -21,7 +21,7 @@ from compact.opener import summary_message
 from compact.service import Compactor
 from gateway.engine.auth import Principal
 from gateway.engine.context import Context
-from gateway.engine.orchestrator import Gateway
+from gateway.engine.orchestrator import Admit, Gateway
 from gateway.engine.routing import Route
 from gateway.kernel.estimate import estimate
 from gateway.kernel.items import call_ids
@@ -52,9 +52,12 @@ async def compact_inline(
     *,
     reserved: int = 0,
     request_id: str | None = None,
+    admit: Admit,
 ) -> tuple[Context, Item] | None:
     """The compacted context and its sealed item, or None when nothing needs compacting (under
-    the threshold, or nothing older than the kept tail)."""
+    the threshold, or nothing older than the kept tail). The request is admitted (``admit``, the
+    tenancy limits) before the summarizing call, with the most the compacted context can take: a
+    refused request spends no summary."""
     threshold = threshold_of(body, route)
     if threshold is None:
         return None
@@ -68,6 +71,8 @@ async def compact_inline(
         log.info("compaction_skipped", model=route.model, tokens=tokens, threshold=threshold)
         return None
     assert body.model is not None  # validated
+    summary_tokens = compactor.settings.summary_max_tokens
+    await admit(estimate(plan.pinned) + estimate(plan.recent) + summary_tokens + reserved)
     sealed = await compactor.seal(
         plan,
         route=route,

@@ -227,8 +227,9 @@ class Compactor:
                 "prompt_cache_key": prompt_cache_key,
             }
         )
+        # within the request being compacted, which was admitted: only the tokens are charged here
         turn = await self.gateway.prepare(
-            request, principal, streaming=False, request_id=request_id, metered=False
+            request, principal, streaming=False, request_id=request_id, metered=False, admitted=True
         )
         result = await turn.run()
         if result.error is not None:

@@ -12,7 +12,9 @@ VM, admissions at concurrency 32 against a loopback Redis: ~20 µs of CPU per ca
 with redis-py (standalone, cluster or sentinel client alike).
 
 A call, connecting included, is bounded by ``timeout``; a timeout drops the connection (a silent
-server would time out every later call too) and the next call reconnects.
+server would time out every later call too) and the next call reconnects. A command already written
+may still run after its call gave up (a frozen server reads it when it resumes): only ``NotSent``
+says it never will.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ import hiredis
 from redis.connection import parse_url
 
 from gateway.kernel.errors import ServiceUnavailable
+
+
+class NotSent(ServiceUnavailable):
+    """The call failed before its command was written (no connection): it can never run."""
 
 
 def pack_args(*args: Any) -> bytes:
@@ -148,6 +154,7 @@ class LeanRedis:
         ``packed``: its ``nkeys`` keys and then its ``nargs`` arguments, as ``pack_args`` makes them."""
         head = b"*%d\r\n" % (3 + nkeys + nargs)
         tail = pack_args(nkeys) + packed
+        conn: _Conn | None = None
         try:
             async with asyncio.timeout(self.timeout):
                 conn = (
@@ -156,11 +163,10 @@ class LeanRedis:
                 reply = await conn.send(head + pack_args("EVALSHA", sha) + tail)
                 if isinstance(reply, hiredis.ReplyError) and str(reply).startswith("NOSCRIPT"):
                     reply = await conn.send(head + pack_args("EVAL", source) + tail)
-        except TimeoutError:
+        except (TimeoutError, OSError, ConnectionError):
             self._drop()
-            raise ServiceUnavailable("limiter unavailable") from None
-        except (OSError, ConnectionError):
-            self._drop()
+            if conn is None:
+                raise NotSent("limiter unavailable") from None
             raise ServiceUnavailable("limiter unavailable") from None
         if isinstance(reply, hiredis.ReplyError):
             raise ServiceUnavailable("limiter unavailable")

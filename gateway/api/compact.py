@@ -34,7 +34,15 @@ async def _compact(request: Request, gw: Gateway, rlog: RequestLog) -> Response:
     metrics: Metrics = request.app.state.metrics
     try:
         principal, body = await read_request(request, gw, compact_request, rlog)
-        result = await Compactor(gw).compact(body, principal, request_id=rlog.request_id)
+        # counted against the limits first, even when there turns out to be nothing to summarize
+        held = await gw.admit(principal, gw.route(body.model, principal))
+        if held is not None:
+            headers.update(held.headers)
+        try:
+            result = await Compactor(gw).compact(body, principal, request_id=rlog.request_id)
+        finally:
+            if held is not None:
+                await gw.limits.settle_soon(held, 0)
     except GatewayError as err:
         rlog.done(metrics, err.status, error_code=err.code)
         return error_response(err, headers)

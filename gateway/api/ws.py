@@ -126,7 +126,7 @@ async def responses_socket(websocket: WebSocket) -> None:
             hub.discard(conn)
     finally:
         if lease is not None:
-            await gw.limits.settle(lease, 0)
+            await gw.limits.settle_soon(lease, 0)  # never waits on the network: safe when cancelled
 
 
 class Connection:

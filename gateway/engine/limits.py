@@ -11,12 +11,24 @@ Tokens are reserved, then settled: ``Gateway.prepare`` reserves the estimated in
 as the request count and the concurrency lease, so concurrent requests (on any replica) can never
 together pass a limit. The end-of-turn hook settles the charge to the real usage (input + output;
 without usage, the estimate of what was produced) and releases the lease; against Redis that
-round trip runs beside the response rather than before it.
+round trip runs beside the response rather than before it. A compacting request is admitted before
+its summarizing call, which then charges only its own tokens.
+
+No charge without an outcome: an admission this process never learns the outcome of (the request
+task cancelled while it was in flight, a timeout, a lost connection: the command may still run on
+the server) is released in the background, and so is a settlement that failed sent again, while
+the limiter is down, until the lease's deadline (``_compensate``; the releases and settlements
+themselves apply at most once, ``state/limits.py``). A lease lasts its request's deadline (the
+route's ``total_seconds``, twice for a compacting request, the socket's age limit and drain for a
+WebSocket connection) plus ``LEASE_MARGIN_SECONDS``.
 
 When the limiter cannot answer (Redis down or slower than ``state.timeout_seconds``),
 ``limits.on_limiter_error`` decides: ``allow`` serves the request unlimited, ``deny`` refuses it
 with 503. The outage is logged once when it starts and once when it ends, and counted
 (``errors``, shown on /metrics).
+
+The ``x-ratelimit-*`` headers are built here (``_headers``), all six whenever a per-minute limit
+applies; a dimension without a limit reads ``UNLIMITED``.
 """
 
 from __future__ import annotations
@@ -25,9 +37,8 @@ import asyncio
 import datetime as dt
 import math
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 import structlog
 
@@ -36,7 +47,7 @@ from gateway.engine.telemetry import NOOP_OBSERVER, Observer
 from gateway.kernel.errors import QuotaExceeded, RateLimited, ServiceUnavailable
 from gateway.kernel.ids import new_id
 from gateway.kernel.settings import Settings, TenantSettings
-from state.limits import Check, Limiter, Outcome
+from state.limits import Check, Limiter, NotSent, Outcome
 
 log = structlog.get_logger("gateway.engine.limits")
 
@@ -48,6 +59,13 @@ _LIMIT_NAMES = {
     "ws": "websocket_connections",
 }
 _WHAT = {"rpm": "requests per minute", "tpm": "tokens per minute", "conc": "concurrent requests"}
+# a lease outlives its request's deadline by this much (the hooks and the last sends after the call)
+LEASE_MARGIN_SECONDS = 60.0
+# what the headers say of a dimension no limit applies to: no client's integer type overflows on it
+UNLIMITED = 2**31 - 1
+_UNLIMITED = str(UNLIMITED)
+_MAX_PENDING = 10_000  # compensations waiting for the limiter: past this, new ones are given up
+_RETRY_FIRST, _RETRY_MAX = 0.05, 2.0  # seconds between a compensation's tries
 
 
 def reset_text(ms: int) -> str:
@@ -70,13 +88,13 @@ def reset_text(ms: int) -> str:
 
 @dataclass(slots=True)
 class Reservation:
-    """What an admission charged; ``settle`` corrects and releases it (once)."""
+    """What an admission charged; ``settle_soon`` corrects and releases it (once)."""
 
     tenant: str
     checks: list[Check]
     rid: str
     tokens: int
-    second: int
+    lease_ms: int
     headers: dict[str, str]
     settled: bool = False
 
@@ -94,17 +112,14 @@ class TenantLimiter:
         self.limiter = limiter
         self.on_error = settings.limits.on_limiter_error
         self.output_reservation = settings.limits.output_token_reservation
-        self.lease_ms = int(
-            max((p.timeouts.total for p in settings.provider_table().values()), default=600.0) * 1000 + 60_000
-        )
-        self.socket_lease_ms = int(
-            (settings.limits.ws_connection_seconds + settings.limits.ws_drain_seconds + 60) * 1000
-        )
+        self.socket_seconds = settings.limits.ws_connection_seconds + settings.limits.ws_drain_seconds
+        self.close_seconds = max(1.0, 2 * settings.state.timeout_seconds)
         self._clock = clock or time.time
         self.errors = 0  # limiter calls that failed (shown on /metrics)
         self._pending: set[asyncio.Task[None]] = set()
         self._cache: dict[tuple[str, str | None], tuple[list[Check], list[str], float]] = {}
         self.down = False
+        self._abandoning = False
 
     def _tenant(self, name: str) -> TenantSettings:
         return self.settings.tenants.get(name) or TenantSettings()
@@ -136,14 +151,13 @@ class TenantLimiter:
             ("tokens_per_minute", "t", "tpm"),
             ("concurrent_requests", "c", "conc"),
         ):
-            extra = self.lease_ms if kind == "c" else 0
             limit = getattr(key, attr) if key is not None else None
             if limit is not None:
-                checks.append(Check(kind, f"k:{principal.key_name}:{short}", limit, extra))  # type: ignore[arg-type]
+                checks.append(Check(kind, f"k:{principal.key_name}:{short}", limit))  # type: ignore[arg-type]
                 labels.append(f"{_WHAT[short]} of {key_label}: {limit}")
             limit = getattr(tenant.limits, attr)
             if limit is not None:
-                checks.append(Check(kind, short, limit, extra))  # type: ignore[arg-type]
+                checks.append(Check(kind, short, limit))  # type: ignore[arg-type]
                 labels.append(f"{_WHAT[short]} of {tenant_label}: {limit}")
         if tenant.budget is not None:
             period, left_ms = self._period(tenant.budget.period)
@@ -172,88 +186,128 @@ class TenantLimiter:
 
     # -- admission ---------------------------------------------------------------------------------
     async def reserve(
-        self, principal: Principal, checks: list[Check], labels: list[str], tokens: int
+        self, principal: Principal, checks: list[Check], labels: list[str], tokens: int, *, seconds: float
     ) -> Reservation | None:
         """Admit and charge, or raise the refusal. None: no limit applies, or the limiter is down
-        and ``on_limiter_error`` is allow."""
+        and ``on_limiter_error`` is allow. ``seconds``: how long the request may run (its
+        deadline): its lease, if one is taken, lasts that plus ``LEASE_MARGIN_SECONDS``.
+
+        An admission whose outcome this caller never learns (it is cancelled while the call is in
+        flight, the call times out or its connection drops) may still run on the server: it is
+        released in the background (``_compensate``), never leaving a charge behind."""
         if not checks:
             return None
         rid = new_id("lim")
+        lease_ms = int((seconds + LEASE_MARGIN_SECONDS) * 1000)
+        tenant = principal.tenant
         try:
-            out = await self.limiter.admit(principal.tenant, checks, rid, tokens)
-        except ServiceUnavailable:
-            self._failed()
-            if self.on_error == "deny":
-                raise ServiceUnavailable(
-                    "The rate limiter is unavailable, so this request was not admitted; retry shortly."
-                ) from None
+            out = await self.limiter.admit(tenant, checks, rid, tokens, lease_ms)
+        except NotSent:  # it never left: nothing to undo
+            self._unavailable()
             return None
+        except ServiceUnavailable:
+            self._compensate(lambda: self.limiter.release(tenant, checks, rid, tokens), lease_ms)
+            self._unavailable()
+            return None
+        except BaseException:  # cancelled (the client left, a shutdown): the answer is lost
+            self._compensate(lambda: self.limiter.release(tenant, checks, rid, tokens), lease_ms)
+            raise
         self._ok()
         headers = _headers(checks, out)
         if out.failed is not None:
             check = checks[out.failed]
             if check.kind == "b":  # when the period ends (check.extra may be from earlier)
-                budget = self._tenant(principal.tenant).budget
+                budget = self._tenant(tenant).budget
                 check = replace(check, extra=self._period(budget.period if budget else "day")[1])
-            self.observer.rate_limited(principal.tenant, _limit_name(check))
+            self.observer.rate_limited(tenant, _limit_name(check))
             raise _refusal(check, labels[out.failed], out, tokens, headers)
-        return Reservation(principal.tenant, checks, rid, tokens, out.second, headers)
+        return Reservation(tenant, checks, rid, tokens, lease_ms, headers)
+
+    def _unavailable(self) -> None:
+        """The limiter could not answer: refused (deny), or served unlimited (allow)."""
+        self._failed()
+        if self.on_error == "deny":
+            raise ServiceUnavailable(
+                "The rate limiter is unavailable, so this request was not admitted; retry shortly."
+            )
 
     async def settle_soon(self, res: Reservation, actual: int) -> None:
-        """``settle``, off the caller's path when the limiter is remote: the response does not wait
-        for the round trip (a settlement only lowers a charge or releases a lease, so the next
-        request seeing it a moment late is refused at worst, never admitted wrongly)."""
-        if not self.limiter.remote:
-            await self.settle(res, actual)
-            return
+        """Correct the charge to ``actual`` tokens and release the lease, once. When the limiter is
+        remote the response does not wait for the round trip (a settlement only lowers a charge or
+        releases a lease, so the next request seeing it a moment late is refused at worst, never
+        admitted wrongly), and a settlement that fails is sent again while the limiter is down (a
+        settlement applies at most once: ``state/limits.py``). Safe to call from a cancelled task:
+        it never waits on the network."""
         if res.settled:
             return
-        delta = actual - res.tokens
+        res.settled = True
+        lim, delta = self.limiter, actual - res.tokens
+        if not lim.remote:
+            await lim.settle(res.tenant, res.checks, res.rid, delta)
+            return
+
+        def again() -> Awaitable[None]:
+            return lim.settle(res.tenant, res.checks, res.rid, delta)
 
         def done(ok: bool) -> None:
             if ok:
                 self._ok()
             else:
-                # Release the leases once more, awaited on a fresh connection (a lost one would
-                # hold for minutes); the tokens stay as reserved, as the first try may have landed.
-                res.settled = False
-                self._spawn(self.settle(res, res.tokens))
+                self._compensate(again, res.lease_ms)
 
-        if self.limiter.settle_nowait(res.tenant, res.checks, res.rid, delta, res.second, done):
-            res.settled = True
+        if not lim.settle_nowait(res.tenant, res.checks, res.rid, delta, done):
+            self._compensate(again, res.lease_ms)
+
+    def _compensate(self, call: Callable[[], Awaitable[None]], lease_ms: int) -> None:
+        """Run ``call`` (a release or a settlement) in the background, again and again while the
+        limiter cannot answer, until it lands or the lease it is about has expired anyway."""
+        if len(self._pending) >= _MAX_PENDING:
+            self._abandon("too_many")
             return
-        self._spawn(self.settle(res, actual))
-
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(work)
+        task = asyncio.ensure_future(self._until_done(call, lease_ms / 1000))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
+    async def _until_done(self, call: Callable[[], Awaitable[None]], seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + seconds
+        pause = _RETRY_FIRST
+        while True:
+            try:
+                await call()
+            except ServiceUnavailable:
+                if loop.time() + pause >= give_up:
+                    self._abandon("deadline")
+                    return
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _RETRY_MAX)
+            else:
+                self._ok()
+                return
+
+    def _abandon(self, why: str) -> None:
+        """Logged once until the limiter answers again (an outage may abandon many)."""
+        if not self._abandoning:
+            self._abandoning = True
+            log.warning("limiter_compensation_abandoned", reason=why)
+
     async def aclose(self) -> None:
+        """Give the compensations in flight a moment (``close_seconds``) to land, then stop."""
         if self._pending:
-            await asyncio.gather(*self._pending, return_exceptions=True)
+            await asyncio.wait(set(self._pending), timeout=self.close_seconds)
+            for task in list(self._pending):
+                task.cancel()
         await self.limiter.aclose()
 
-    async def settle(self, res: Reservation, actual: int) -> None:
-        if res.settled:
-            return
-        res.settled = True
-        try:
-            await self.limiter.settle(res.tenant, res.checks, res.rid, actual - res.tokens, res.second)
-        except ServiceUnavailable:
-            self._failed()  # the lease expires by itself; the tokens stay charged as reserved
-        else:
-            self._ok()
-
     async def open_socket(self, principal: Principal) -> Reservation | None:
-        """A WebSocket connection's lease (tenants.<name>.limits.websocket_connections)."""
+        """A WebSocket connection's lease (tenants.<name>.limits.websocket_connections), for the
+        connection's lifetime (its age limit and the drain)."""
         limit = self._tenant(principal.tenant).limits.websocket_connections
         if limit is None:
             return None
-        check = Check("c", "ws", limit, self.socket_lease_ms)
-        return await self.reserve(
-            principal, [check], [f"open WebSocket connections of tenant '{principal.tenant}': {limit}"], 0
-        )
+        check = Check("c", "ws", limit)
+        label = f"open WebSocket connections of tenant '{principal.tenant}': {limit}"
+        return await self.reserve(principal, [check], [label], 0, seconds=self.socket_seconds)
 
     # -- outages ---------------------------------------------------------------------------------
     def _failed(self) -> None:
@@ -264,6 +318,7 @@ class TenantLimiter:
             log.warning("limiter_unavailable", on_limiter_error=self.on_error)
 
     def _ok(self) -> None:
+        self._abandoning = False
         if self.down:
             self.down = False
             log.info("limiter_available")
@@ -276,8 +331,9 @@ def _limit_name(check: Check) -> str:
 
 
 def _headers(checks: list[Check], out: Outcome) -> dict[str, str]:
-    """The ``x-ratelimit-*`` headers: for requests and for tokens, the per-minute limit with the
-    least left (the key's or the tenant's)."""
+    """The six ``x-ratelimit-*`` headers, whenever a per-minute limit applies: for requests and
+    for tokens, the limit with the least left (the key's or the tenant's); a dimension no limit
+    applies to reads ``UNLIMITED`` with a reset of 0s."""
     best: dict[str, tuple[int, int, int]] = {}  # kind: remaining, limit, reset
     for i in range(len(out.used)):
         c = checks[i]
@@ -286,13 +342,19 @@ def _headers(checks: list[Check], out: Outcome) -> dict[str, str]:
             have = best.get(c.kind)
             if have is None or left < have[0]:
                 best[c.kind] = (left if left > 0 else 0, c.limit, out.reset_ms[i])
+    if not best and not any(c.kind in "rt" for c in checks):
+        return {}
     headers: dict[str, str] = {}
     for kind, what in (("r", "requests"), ("t", "tokens")):
-        if kind in best:
-            left, limit, reset = best[kind]
-            headers[f"x-ratelimit-limit-{what}"] = str(limit)
-            headers[f"x-ratelimit-remaining-{what}"] = str(left)
-            headers[f"x-ratelimit-reset-{what}"] = reset_text(reset)
+        found = best.get(kind)
+        if found is None:
+            headers[f"x-ratelimit-limit-{what}"] = headers[f"x-ratelimit-remaining-{what}"] = _UNLIMITED
+            headers[f"x-ratelimit-reset-{what}"] = "0s"
+            continue
+        left, limit, reset = found
+        headers[f"x-ratelimit-limit-{what}"] = str(limit)
+        headers[f"x-ratelimit-remaining-{what}"] = str(left)
+        headers[f"x-ratelimit-reset-{what}"] = reset_text(reset)
     return headers
 
 

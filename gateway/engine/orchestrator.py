@@ -39,8 +39,17 @@ from gateway.kernel.ids import response_id
 from gateway.kernel.settings import Settings
 from gateway.kernel.spec.request import CreateResponseBody
 from state.base import ConnectionCache, ResponseStore, StoredResponse
-from state.limits import Limiter, MemoryLimiter
+from state.limits import Check, Limiter, MemoryLimiter
 from state.usage import MemoryLedger, UsageLedger
+
+# Admits the request whose context is being compacted, before the summarizing call: its argument is
+# the estimate, in tokens, of the compacted context (Gateway.prepare adds the output reservation).
+Admit = Callable[[int], Awaitable[None]]
+
+
+def _only(checks: list[Check], labels: list[str], kinds: str) -> tuple[list[Check], list[str]]:
+    kept = [n for n, c in enumerate(checks) if c.kind in kinds]
+    return [checks[n] for n in kept], [labels[n] for n in kept]
 
 
 class ContextFitter(Protocol):
@@ -49,7 +58,8 @@ class ContextFitter(Protocol):
 
 class ContextCompactor(Protocol):
     """``context_management``: the compacted context and the sealed ``compaction`` item to announce,
-    or None when the context stays as it is (compact/inline.py)."""
+    or None when the context stays as it is (compact/inline.py). It calls ``admit`` before it
+    calls the model (and not when it returns None)."""
 
     def __call__(
         self,
@@ -61,6 +71,7 @@ class ContextCompactor(Protocol):
         *,
         reserved: int = 0,
         request_id: str | None = None,
+        admit: Admit,
     ) -> Awaitable[tuple[Context, dict[str, Any]] | None]: ...
 
 
@@ -106,6 +117,14 @@ class Gateway:
     def route(self, model: str, principal: Principal) -> Route:
         return self.router.resolve(model, principal.models)
 
+    async def admit(self, principal: Principal, route: Route) -> Reservation | None:
+        """Admit a request that is not a turn of its own (``/v1/responses/compact``): one request
+        and a lease for one call on ``route``, against the tenancy limits; its summarizing call, if
+        it makes one, is charged its tokens (``prepare(admitted=True)``). ``limits.settle_soon``
+        ends it."""
+        checks, labels = _only(*self.limits.checks(principal), "rc")
+        return await self.limits.reserve(principal, checks, labels, 0, seconds=route.total_seconds)
+
     async def context(
         self,
         input_: str | list[Any] | None,
@@ -135,13 +154,16 @@ class Gateway:
         request_id: str | None = None,
         metered: bool = True,
         affinity: str | None = None,
+        admitted: bool = False,
     ) -> Turn:
         """The turn of a validated request (``gateway/engine/validate.py``). ``streaming``: the
         caller relays deltas as they come (SSE, WebSocket); False lets the adapter ask for an
         unstreamed reply. ``error_event``: see ``ResponseBuilder``. ``metered``: False for a turn
         whose caller meters it (compaction's summarizing call). ``affinity``: the key of the
         caller's own turns (a WebSocket connection's ``turn.affinity``), to keep them on one
-        deployment; a request's ``prompt_cache_key`` still comes first."""
+        deployment; a request's ``prompt_cache_key`` still comes first. ``admitted``: the turn
+        serves a request already admitted (a compaction's summarizing call): it is charged only its
+        tokens, not one more request or lease."""
         assert body.model is not None  # validate.create_request requires it
         route = self.route(body.model, principal)
         store = True if body.store is None else body.store
@@ -163,33 +185,48 @@ class Gateway:
         echoes = Echoes.of(body)
         # instructions and tool schemas take room in the window too
         reserved = (len(body.instructions or "") + len(orjson.dumps(echoes.tools))) // 4
-        compaction: dict[str, Any] | None = None
-        if body.context_management and not warmup:  # a warm-up makes no upstream call at all
-            if self.compact_context is None:
-                raise InvalidRequest(
-                    "context_management is not supported by this gateway.", param="context_management"
-                )
-            compacted = await self.compact_context(
-                self, ctx, body, principal, route, reserved=reserved, request_id=request_id
-            )
-            if compacted is not None:
-                ctx, compaction = compacted
-        if self.fit_context is not None:
-            fitted = self.fit_context(ctx, route, body.truncation or "disabled", reserved=reserved)
-            if fitted is not ctx:
-                self.observer.compaction("truncation")
-            ctx = fitted
-        # the tenancy limits, last before the upstream call: a refusal costs nothing upstream
+        # The tenancy limits, last before the upstream call (a refusal costs nothing upstream), or
+        # before a compaction's summarizing call (``admit``, which the compactor calls with the
+        # estimate of the compacted context): a refused request spends no summary.
         checks, labels = self.limits.checks(principal)
         if warmup:  # it spends no tokens: only the request-rate and concurrency limits apply
-            kept = [n for n, c in enumerate(checks) if c.kind in "rc"]
-            checks, labels = [checks[n] for n in kept], [labels[n] for n in kept]
-        estimated = charge = 0
-        if self.limits.wants_tokens(checks):
-            estimated = ctx.estimated_tokens() + reserved
-            charge = estimated + (body.max_output_tokens or self.limits.output_reservation)
-        held = await self.limits.reserve(principal, checks, labels, charge)
+            checks, labels = _only(checks, labels, "rc")
+        elif admitted:  # its request is counted and holds the lease: only its tokens are charged
+            checks, labels = _only(checks, labels, "tb")
+        wants_tokens = self.limits.wants_tokens(checks)
+        held: Reservation | None = None
+        charged = False
+
+        async def admit(estimated: int, calls: int = 2) -> None:
+            """Admit the request, its context estimated at ``estimated`` tokens; its lease lasts
+            ``calls`` upstream calls (the compactor's: the summary's and the answer's)."""
+            nonlocal held, charged
+            charged = True
+            output = body.max_output_tokens or self.limits.output_reservation
+            charge = estimated + output if wants_tokens else 0
+            seconds = route.total_seconds * calls
+            held = await self.limits.reserve(principal, checks, labels, charge, seconds=seconds)
+
         try:
+            compaction: dict[str, Any] | None = None
+            if body.context_management and not warmup:  # a warm-up makes no upstream call at all
+                if self.compact_context is None:
+                    raise InvalidRequest(
+                        "context_management is not supported by this gateway.", param="context_management"
+                    )
+                compacted = await self.compact_context(
+                    self, ctx, body, principal, route, reserved=reserved, request_id=request_id, admit=admit
+                )
+                if compacted is not None:
+                    ctx, compaction = compacted
+            if self.fit_context is not None:
+                fitted = self.fit_context(ctx, route, body.truncation or "disabled", reserved=reserved)
+                if fitted is not ctx:
+                    self.observer.compaction("truncation")
+                ctx = fitted
+            estimated = ctx.estimated_tokens() + reserved if wants_tokens else 0
+            if not charged:
+                await admit(estimated, 1)
             turn = self._turn(
                 body,
                 principal,
@@ -205,8 +242,8 @@ class Gateway:
             )
             turn.compaction = compaction
         except BaseException:
-            if held is not None:
-                await self.limits.settle(held, 0)
+            if held is not None:  # admitted, but no turn came of it: nothing was sent upstream
+                await self.limits.settle_soon(held, 0)
             raise
         if held is not None:
             turn.rate_headers = held.headers

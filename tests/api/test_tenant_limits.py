@@ -15,7 +15,7 @@ import orjson
 import pytest
 from websockets.exceptions import InvalidStatus
 
-from gateway.engine.limits import reset_text
+from gateway.engine.limits import UNLIMITED, reset_text
 from tests.api.helpers import serve_cli, wait_until_up
 from tests.harness import ServedApp, free_port, serve_gateway
 from tests.redis_server import delete_prefix, redis_url, unique_prefix
@@ -84,6 +84,32 @@ async def test_requests_per_minute_refused_with_headers(backend: tuple[str, str]
         assert "requests per minute of tenant 'a': 3" in err["message"]
         assert r.headers["x-ratelimit-remaining-requests"] == "0"
         assert (await post(s, B)).status_code == 200  # another tenant is not affected
+
+
+SIX = [f"x-ratelimit-{w}-{dim}" for w in ("limit", "remaining", "reset") for dim in ("requests", "tokens")]
+
+
+async def test_every_limited_answer_carries_all_six_headers(backend: tuple[str, str]) -> None:
+    """A key with only a request limit (a-two: 1 per minute): its answer and its 429 carry the
+    token headers too, read as unlimited (UNLIMITED, reset 0s); a refusal by the request limit
+    still reports the token limit that does apply, as it stands."""
+    cfg = config(*backend, b={"limits": {"tokens_per_minute": 5000, "requests_per_minute": 1}})
+    with serve_gateway(cfg) as s:
+        for r in (await post(s, A2), await post(s, A2, stream=True)):
+            assert [h for h in SIX if h in r.headers] == SIX, r.headers
+            assert r.headers["x-ratelimit-limit-tokens"] == str(UNLIMITED)
+            assert r.headers["x-ratelimit-remaining-tokens"] == str(UNLIMITED)
+            assert r.headers["x-ratelimit-reset-tokens"] == "0s"
+        assert r.status_code == 429 and r.headers["x-ratelimit-remaining-requests"] == "0"
+        ok = await post(s, B, max_output_tokens=100)
+        assert ok.status_code == 200
+        refused = await post(s, B, max_output_tokens=100)
+        assert refused.status_code == 429 and "requests per minute" in refused.json()["error"]["message"]
+        assert [h for h in SIX if h in refused.headers] == SIX
+        assert refused.headers["x-ratelimit-limit-tokens"] == "5000"
+        spent = ok.json()["usage"]["total_tokens"]
+        assert refused.headers["x-ratelimit-remaining-tokens"] == str(5000 - spent)
+        assert refused.headers["x-ratelimit-reset-requests"] != "0s"
 
 
 async def test_key_limit_is_stricter_than_the_tenants(backend: tuple[str, str]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -67,6 +68,11 @@ class _Down:
             raise ServiceUnavailable("limiter unavailable")
         await self.inner.settle(*a)
 
+    async def release(self, *a: Any) -> None:
+        if self.down:
+            raise ServiceUnavailable("limiter unavailable")
+        await self.inner.release(*a)
+
     def settle_nowait(self, *a: Any) -> bool:
         return False
 
@@ -84,12 +90,12 @@ async def test_an_outage_is_logged_once_and_counted(mode: str) -> None:
     with capture_logs() as logs:
         for _ in range(3):
             if mode == "allow":
-                assert await lim.reserve(who, checks, labels, 0) is None  # served unlimited
+                assert await lim.reserve(who, checks, labels, 0, seconds=1) is None  # served unlimited
             else:
                 with pytest.raises(ServiceUnavailable):
-                    await lim.reserve(who, checks, labels, 0)
+                    await lim.reserve(who, checks, labels, 0, seconds=1)
         down.down = False
-        held = await lim.reserve(who, checks, labels, 0)
+        held = await lim.reserve(who, checks, labels, 0, seconds=1)
         assert held is not None
         await lim.settle_soon(held, 0)
         await lim.aclose()
@@ -106,3 +112,79 @@ def test_two_keys_of_a_tenant_may_not_share_a_name() -> None:
         load_settings(auth={"api_keys": keys})
     keys[1]["tenant"] = "u"
     assert load_settings(auth={"api_keys": keys}).auth.api_keys is not None
+
+
+class _InFlight(MemoryLimiter):
+    """A remote-like limiter whose admissions, once sent, run when ``land`` is set, whether or
+    not their caller is still waiting (a command already written to a frozen Redis)."""
+
+    remote = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.land = asyncio.Event()
+        self.sent: list[asyncio.Task[Any]] = []
+        self.settles_failing = 0
+
+    async def admit(self, *a: Any, **k: Any) -> Any:
+        async def run() -> Any:
+            await self.land.wait()
+            return await MemoryLimiter.admit(self, *a, **k)
+
+        task = asyncio.ensure_future(run())
+        self.sent.append(task)
+        return await asyncio.shield(task)
+
+    async def settle(self, *a: Any) -> None:
+        if self.settles_failing:
+            self.settles_failing -= 1
+            raise ServiceUnavailable("limiter unavailable")
+        await MemoryLimiter.settle(self, *a)
+
+
+LIMITED = Settings(tenants={"t": {"limits": {"concurrent_requests": 1, "requests_per_minute": 5}}})
+
+
+async def test_a_caller_cancelled_mid_admission_leaves_no_charge() -> None:
+    """The caller goes away while its admission is in flight; the release (sent at once, in the
+    background) runs before the admission lands: the late admission charges nothing."""
+    lim = _InFlight()
+    policy = TenantLimiter(LIMITED, lim)
+    who = Principal(tenant="t")
+    checks, labels = policy.checks(who)
+    caller = asyncio.ensure_future(policy.reserve(who, checks, labels, 0, seconds=1))
+    await asyncio.sleep(0.01)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    await asyncio.sleep(0.01)  # the release has run: a tombstone
+    lim.land.set()
+    with pytest.raises(ServiceUnavailable):  # void
+        await lim.sent[0]
+    for n in range(5):  # all five requests a minute, and the one lease, are free
+        held = await policy.reserve(who, checks, labels, 0, seconds=1)
+        assert held is not None and held.headers["x-ratelimit-remaining-requests"] == str(4 - n)
+        await policy.settle_soon(held, 0)
+    await policy.aclose()
+
+
+async def test_a_failed_settlement_is_sent_again_until_it_lands() -> None:
+    lim = _InFlight()
+    lim.land.set()
+    lim.settles_failing = 3
+    policy = TenantLimiter(LIMITED, lim)
+    who = Principal(tenant="t")
+    checks, labels = policy.checks(who)
+    held = await policy.reserve(who, checks, labels, 0, seconds=1)
+    assert held is not None
+    await policy.settle_soon(held, 0)  # does not wait: the retries run in the background
+    with pytest.raises(RateLimited):
+        await policy.reserve(who, checks, labels, 0, seconds=1)  # the lease is still held
+    for _ in range(100):
+        if not lim.settles_failing and not policy._pending:
+            break
+        await asyncio.sleep(0.05)
+    again = await policy.reserve(who, checks, labels, 0, seconds=1)  # released by the fourth try
+    assert again is not None
+    await policy.settle_soon(again, 0)
+    await policy.aclose()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator
 
 import pytest
@@ -14,7 +15,7 @@ from tests.state.conftest import REDIS_MODES, target_of
 
 RPM = Check("r", "rpm", 3)
 TPM = Check("t", "tpm", 1000)
-CONC = Check("c", "conc", 2, 60_000)
+CONC = Check("c", "conc", 2)
 BUDGET = Check("b", "budget:x", 500, 3_600_000)
 
 
@@ -50,7 +51,7 @@ async def test_all_or_nothing_and_settlement(limiter: Limiter) -> None:
     again = await limiter.admit("t", [CONC, TPM, BUDGET], "c", 50)
     assert again.failed is None and again.used == [2, 450, 450]
     assert (await limiter.admit("t", [CONC], "d", 0)).failed == 0  # two leases held
-    await limiter.settle("t", [CONC, TPM, BUDGET], "a", -390, first.second)  # used 10 of 400
+    await limiter.settle("t", [CONC, TPM, BUDGET], "a", -390)  # used 10 of 400
     after = await limiter.admit("t", [CONC, TPM, BUDGET], "e", 0)
     assert after.failed is None and after.used == [2, 60, 60]
     never = await limiter.admit("t", [TPM], "f", 5000)
@@ -109,3 +110,53 @@ async def test_redis_script_reloaded_after_a_flush_and_a_db_in_the_url() -> None
     finally:
         await lim.aclose()
         delete_prefix(url, p)
+
+
+# -- admissions whose outcome was lost ----------------------------------------------------------
+ALL = [RPM, TPM, CONC, BUDGET]
+_probes = itertools.count()
+
+
+async def counts(limiter: Limiter, tenant: str) -> list[int]:
+    """What ``tenant`` has charged on each of ALL, read by a zero-token admission (then released)."""
+    rid = f"probe-{next(_probes)}"
+    probe = await limiter.admit(tenant, ALL, rid, 0)
+    await limiter.release(tenant, ALL, rid, 0)
+    assert probe.failed is None
+    return [probe.used[0] - 1, probe.used[1], probe.used[2] - 1, probe.used[3]]
+
+
+async def test_a_release_undoes_its_admission_exactly_once(limiter: Limiter) -> None:
+    await limiter.admit("t", ALL, "kept", 100)
+    assert (await limiter.admit("t", ALL, "lost", 200)).failed is None
+    await limiter.release("t", ALL, "lost", 200)
+    assert await counts(limiter, "t") == [1, 100, 1, 100]
+    await limiter.release("t", ALL, "lost", 200)  # again: nothing more
+    await limiter.settle("t", ALL, "lost", -150)  # a settlement after the release: nothing
+    assert await counts(limiter, "t") == [1, 100, 1, 100]
+    await limiter.settle("t", ALL, "kept", -90)
+    await limiter.settle("t", ALL, "kept", -90)  # a settlement applies once
+    assert await counts(limiter, "t") == [1, 10, 0, 10]
+
+
+async def test_a_release_before_its_admission_voids_it(limiter: Limiter) -> None:
+    """The admission still on a dead connection runs after its release: it charges nothing."""
+    await limiter.release("t", ALL, "late", 300)
+    with pytest.raises(ServiceUnavailable):  # void: no caller waits for it
+        await limiter.admit("t", ALL, "late", 300)
+    assert await counts(limiter, "t") == [0, 0, 0, 0]
+
+
+async def test_a_lease_lasts_its_own_deadline(limiter: Limiter) -> None:
+    assert (await limiter.admit("t", [CONC], "short", 0, lease_ms=300)).failed is None
+    assert (await limiter.admit("t", [CONC], "long", 0, lease_ms=60_000)).failed is None
+    assert (await limiter.admit("t", [CONC], "x", 0)).failed == 0  # two held
+    await asyncio.sleep(0.45)
+    assert (await limiter.admit("t", [CONC], "y", 0)).used == [2]  # the short one expired
+
+
+async def test_a_request_count_only_admission_is_not_settled() -> None:
+    """Its record expires with its count (61 s): no settlement round trip is needed for it."""
+    from state.limits import needs_settling
+
+    assert not needs_settling([RPM]) and needs_settling([RPM, TPM]) and needs_settling([CONC])

@@ -101,7 +101,7 @@ async def test_limiter_and_ledger_count_per_tenant_on_every_master(
     limiter = create_limiter(settings)
     ledger = create_ledger(settings, cstore)
     assert isinstance(limiter, RedisLimiter) and isinstance(ledger, RedisLedger)
-    assert limiter.settle_nowait("t", [RPM], "r", 0, 0, lambda ok: None) is False  # redis-py: awaited
+    assert limiter.settle_nowait("t", [RPM], "r", 0, lambda ok: None) is False  # redis-py: awaited
     tenants = [names[0] for names in tenants_per_master(cluster, cstore, per_master=1).values()]
     try:
         for tenant in tenants:
