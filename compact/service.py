@@ -218,6 +218,8 @@ class Compactor:
             - _HEADROOM_TOKENS
         )
         text = self._fitted_transcript(older, budget)
+        if not text:  # nothing readable (reasoning without a summary): nothing to ask a model about
+            return "", zero_usage()
         request = CreateResponseBody.model_validate(
             {
                 "model": model,

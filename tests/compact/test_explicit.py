@@ -114,3 +114,14 @@ async def test_an_agent_conversation_within_the_budget_is_compacted_for_a_websoc
                 assert events[-1]["type"] == "response.completed", events[-1]
                 upstream_saw_the_summary(fake)
                 assert "And then?" in sent_text(fake)
+
+
+async def test_nothing_readable_before_the_newest_user_message_calls_no_model() -> None:
+    # an encrypted reasoning item without a summary renders into no transcript: no empty request
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "opaque"}
+    async with FakeOpenAIChat.serve() as fake:
+        with serve_gateway(upstream_settings(fake)) as gw:
+            resource = await compact(gw, {"model": "m", "input": [reasoning, user("hi")]})
+    assert fake.requests == []
+    assert resource["usage"]["total_tokens"] == 0
+    assert [i["type"] for i in resource["output"]] == ["compaction", "message"]
