@@ -1,8 +1,9 @@
 """Inline compaction (``context_management: [{"type": "compaction", "compact_threshold": N}]``):
 the engine's ``compact_context`` hook. When a create's assembled context (items, instructions and
 tool schemas, estimated by ``gateway/kernel/estimate.py``) exceeds N tokens, it is compacted before
-the upstream call, by the same plan, summarizing turn and sealing as ``/v1/responses/compact``
-(compact/service.py).
+the upstream call, by the same summarizing turn and sealing as ``/v1/responses/compact``
+(compact/service.py), with the budget plan (``strategy.plan``, not an explicit compaction's
+newest-user-message rule).
 
 The verbatim tail is kept within ``min(recent_budget, N // 2)`` tokens, so a compacted context is
 well under the threshold again (the summary itself is bounded by ``summary_max_tokens``). Its

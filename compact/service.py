@@ -1,6 +1,7 @@
 """``POST /v1/responses/compact`` behind the transport: assemble the conversation, keep what the
-strategy keeps (the newest items within the route's token budget, ``CompactionSettings.recent_budget``),
-summarize the rest through the same turn path as any response, seal the summary.
+strategy keeps (``strategy.compact_plan``: from the newest user message on, within the route's token
+budget, ``CompactionSettings.recent_budget``, and half the input), summarize the rest through the
+same turn path as any response, seal the summary.
 
 Metering: the summarizing turn is prepared unmetered, and the compaction is metered here once, as
 one request with the ``usage`` it returns (zeros when nothing needed summarizing; an error, without
@@ -92,8 +93,8 @@ class Sealed:
 
 class Compactor:
     """Compacts with the gateway's routes and store, sealing with the opener's key ring. One code
-    path for ``/v1/responses/compact`` (``compact``) and inline compaction (compact/inline.py):
-    ``plan`` then ``seal``."""
+    path for ``/v1/responses/compact`` (``compact``: ``strategy.compact_plan`` then ``seal``) and
+    inline compaction (compact/inline.py: ``plan`` then ``seal``)."""
 
     def __init__(self, gateway: Gateway) -> None:
         opener = gateway.open_compaction
@@ -104,8 +105,8 @@ class Compactor:
         self.settings = gateway.settings.compaction
 
     def plan(self, items: list[Item], route: Route, budget: int | None = None) -> strategy.Plan:
-        """What to keep and what to summarize: the newest items within ``budget`` tokens (the
-        route's ``recent_budget`` when None)."""
+        """Inline compaction's split: the newest items within ``budget`` tokens (the route's
+        ``recent_budget`` when None)."""
         if budget is None:
             budget = self.settings.recent_budget(route.context_window)
         return strategy.plan(items, budget, self.settings.keep_recent_items)
@@ -171,7 +172,8 @@ class Compactor:
         gw = self.gateway
         route = gw.route(body.model, principal)
         ctx = await gw.context(body.input, body.previous_response_id, principal)
-        plan = self.plan(ctx.transcript, route)
+        budget = self.settings.recent_budget(route.context_window)
+        plan = strategy.compact_plan(ctx.transcript, budget, self.settings.keep_recent_items)
         sealed = await self.seal(
             plan,
             route=route,
@@ -216,6 +218,8 @@ class Compactor:
             - _HEADROOM_TOKENS
         )
         text = self._fitted_transcript(older, budget)
+        if not text:  # nothing readable (reasoning without a summary): nothing to ask a model about
+            return "", zero_usage()
         request = CreateResponseBody.model_validate(
             {
                 "model": model,

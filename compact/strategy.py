@@ -5,7 +5,11 @@ What is kept: every system/developer message (pinned), then the newest items tha
 budget (``CompactionSettings.recent_budget``: ``keep_recent_tokens``, or ``keep_recent_fraction``
 of the route's context window), measured with ``gateway/kernel/estimate.py``; everything older is
 summarized. So the compacted window is at most the budget plus the summary, unless the pinned
-messages alone exceed the budget (they are never dropped)."""
+messages alone exceed the budget (they are never dropped). That is inline compaction's plan
+(``plan``, once its threshold is crossed).
+
+An explicit ``/v1/responses/compact`` always compacts (``compact_plan``): everything before the
+newest user message is summarized, and the tail is also bounded by ``TAIL_SHARE`` of the input."""
 
 from __future__ import annotations
 
@@ -38,6 +42,9 @@ Rules:
 INSTRUCTIONS_HEADER = "\n\nThe assistant in this conversation works under these instructions:\n"
 TRANSCRIPT_HEADER = "Conversation transcript to summarize:\n\n"
 OMITTED = "[… earlier part of the transcript omitted to fit the model's context window …]"
+# An explicit compaction's verbatim tail takes at most this share of the input's estimated tokens
+# (pinned messages aside), so its window is about half the input or less, plus the summary.
+TAIL_SHARE = 0.5
 
 
 @dataclass(slots=True)
@@ -60,20 +67,27 @@ def is_summary(item: Item) -> bool:
     return item.get("type") == "message" and str(item.get("id", "")).startswith(SUMMARY_ID_PREFIX)
 
 
-def recent_start(items: list[Item], budget: int, max_items: int | None = None) -> int:
+def is_user_turn(item: Item) -> bool:
+    """A message the user wrote (an opened earlier summary is a ``user`` message too, but not one)."""
+    return item.get("type") == "message" and item.get("role") == "user" and not is_summary(item)
+
+
+def recent_start(items: list[Item], budget: int, max_items: int | None = None, floor: int = 0) -> int:
     """Index where the verbatim tail starts: the longest tail that fits ``budget`` estimated tokens
-    together with every pinned message (kept wherever it stands, so charged first) and holds at most
-    ``max_items`` items (None: no count limit; earlier summaries are folded, so not counted).
+    together with every pinned message (kept wherever it stands, so charged first), holds at most
+    ``max_items`` items (None: no count limit; earlier summaries are folded, so not counted) and
+    starts at ``floor`` or later.
 
     The tail never starts between a function call and its output (a pair is kept or summarized
-    whole), nor just after a reasoning item (which stays with what follows). An item that does not
-    fit ends the tail: it and everything older are summarized, however small the items before it."""
+    whole), nor just after a reasoning item (which stays with the model's item it precedes; a user
+    message after it does not need it). An item that does not fit ends the tail: it and everything
+    older are summarized, however small the items before it."""
     calls = {i.get("call_id") for i in items if i.get("type") == "function_call"}
     used = sum(estimate_item(i) for i in items if is_pinned(i))
     count = 0
     unanswered: set[Any] = set()  # call ids of outputs in the tail whose call is not in it yet
     start = len(items)
-    for n in range(len(items) - 1, -1, -1):
+    for n in range(len(items) - 1, floor - 1, -1):
         item = items[n]
         if not is_summary(item):
             count += 1
@@ -86,15 +100,47 @@ def recent_start(items: list[Item], budget: int, max_items: int | None = None) -
             unanswered.add(call_id)
         elif kind == "function_call":
             unanswered.discard(call_id)
-        if not unanswered and (n == 0 or items[n - 1].get("type") != "reasoning"):
+        if not unanswered and (n == 0 or items[n - 1].get("type") != "reasoning" or is_user_turn(item)):
             start = n
     return start
 
 
+def compact_start(items: list[Item], budget: int, max_items: int | None = None) -> int:
+    """Index where an explicit compaction's verbatim tail starts.
+
+    When nothing but pinned messages precedes the newest user message, this is ``recent_start``:
+    there is nothing older to summarize. Otherwise the tail starts at the newest user message or
+    later (anywhere, when there is no user message), and besides ``budget`` it fits ``TAIL_SHARE``
+    of the input's unpinned tokens. The newest user message stays however large it is when what
+    follows it fits; when what follows does not, the tail is the newest items that do and the user
+    message is summarized with everything before it."""
+    turn = next((n for n in range(len(items) - 1, -1, -1) if is_user_turn(items[n])), None)
+    if turn is not None and all(is_pinned(i) for i in items[:turn]):
+        return recent_start(items, budget, max_items)
+    pinned = sum(estimate_item(i) for i in items if is_pinned(i))
+    unpinned = sum(estimate_item(i) for i in items if not is_pinned(i))
+    limit = min(budget, pinned + int(unpinned * TAIL_SHARE))
+    if turn is None:
+        return recent_start(items, limit, max_items)
+    start = recent_start(items, limit, max_items, floor=turn)
+    if start > turn and recent_start(items, limit + estimate_item(items[turn]), max_items, turn) == turn:
+        return turn  # the user message alone is over the limit: it stays, what precedes is summarized
+    return start
+
+
 def plan(items: list[Item], budget: int, max_items: int | None = None) -> Plan:
-    """Split ``items``: the tail ``recent_start`` picks is kept, everything older is summarized
-    except pinned messages, and earlier summaries are always summarized again."""
-    start = recent_start(items, budget, max_items)
+    """Inline compaction's split: the tail ``recent_start`` picks."""
+    return split(items, recent_start(items, budget, max_items))
+
+
+def compact_plan(items: list[Item], budget: int, max_items: int | None = None) -> Plan:
+    """An explicit compaction's split: the tail ``compact_start`` picks."""
+    return split(items, compact_start(items, budget, max_items))
+
+
+def split(items: list[Item], start: int) -> Plan:
+    """Split ``items`` at ``start``: the tail is kept, everything older is summarized except pinned
+    messages, and earlier summaries are always summarized again."""
     pinned: list[Item] = []
     older: list[Item] = []
     for item in items[:start]:

@@ -583,10 +583,12 @@ class Limits(_Strict):
 
 
 class CompactionSettings(_Strict):
-    """``/v1/responses/compact`` keeps, after the summary, the newest items that fit a token budget
+    """A compaction keeps, after the summary, the newest items that fit a token budget
     (``recent_budget``): ``keep_recent_tokens`` when set, else ``keep_recent_fraction`` of the routed
     model's ``context_window``. System/developer messages are always kept and count against it first.
-    ``keep_recent_items`` optionally also caps how many items that tail may hold."""
+    ``keep_recent_items`` optionally also caps how many items that tail may hold. An explicit
+    ``/v1/responses/compact`` also summarizes everything before the newest user message and keeps
+    at most half the input verbatim (compact/strategy.py ``compact_start``)."""
 
     keys: list[AesKey] = []  # base64 AES keys; first encrypts, all decrypt. Empty: a per-process key
     # Set by ``serve --workers N`` in its workers' environment (GATEWAY_COMPACTION__WORKERS_KEY)

@@ -38,14 +38,10 @@ def conversation(turns: int) -> list[dict[str, Any]]:
     return items
 
 
-def bulky_tail() -> list[dict[str, Any]]:
-    """About 40,000 characters whose bulk is at the end: a few short turns, then a call whose
-    output is 30,000 characters and a long assistant message (the shape compaction used to grow)."""
-    items = conversation(3)
+def build_log_read() -> list[dict[str, Any]]:
+    """A call reading a build log, its 30,000-character output, and a long assistant answer."""
     log = "".join(f"line {n:05d}: compiler output ok\n" for n in range(1000))[:30_000]
     return [
-        *items,
-        user("Now read the build log."),
         {
             "type": "function_call",
             "call_id": "call_log",
@@ -55,6 +51,19 @@ def bulky_tail() -> list[dict[str, Any]]:
         {"type": "function_call_output", "call_id": "call_log", "output": log},
         assistant("The log shows: " + "a long explanation of the build. " * 220),
     ]
+
+
+def bulky_tail() -> list[dict[str, Any]]:
+    """About 40,000 characters whose bulk is at the end: a few short turns, then a call whose
+    output is 30,000 characters and a long assistant message (the shape compaction used to grow)."""
+    return [*conversation(3), user("Now read the build log."), *build_log_read()]
+
+
+def agent_turns() -> list[dict[str, Any]]:
+    """The agent conversation of issue 19 (~38,600 characters, ~9,300 tokens: within the default
+    budget): a short first message, a 30,000-character tool result, a long answer, a short last
+    message."""
+    return [user("Read b.log and tell me why the build is slow."), *build_log_read(), user("Thanks. Fix it.")]
 
 
 def compaction_of(window: list[dict[str, Any]]) -> dict[str, Any]:

@@ -9,7 +9,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from compact import strategy
-from compact.strategy import OMITTED, SUMMARY_PROMPT, plan, recent_start, render, transcript
+from compact.strategy import (
+    OMITTED,
+    SUMMARY_PROMPT,
+    TAIL_SHARE,
+    compact_plan,
+    compact_start,
+    plan,
+    recent_start,
+    render,
+    transcript,
+)
 from gateway.kernel.estimate import estimate, estimate_item
 from gateway.kernel.settings import CompactionSettings, ConfigError, load_settings
 
@@ -186,30 +196,14 @@ def test_reasoning_stays_with_the_item_it_precedes() -> None:
     assert recent_start(items, 10**6, max_items=3) == 1
 
 
-def valid_start(items: list[Item], start: int) -> bool:
-    """No output in items[start:] whose call is before ``start``; no reasoning just before it."""
-    if start == len(items):
-        return True
-    before = {i["call_id"] for i in items[:start] if i["type"] == "function_call"}
-    orphaned = any(i["type"] == "function_call_output" and i["call_id"] in before for i in items[start:])
-    return not orphaned and (start == 0 or items[start - 1]["type"] != "reasoning")
+def transcripts(max_tokens: int) -> st.SearchStrategy[list[tuple[str, int]]]:
+    """Up to 30 (kind, estimated tokens) pairs for ``build``."""
+    kinds = st.sampled_from(["user", "assistant", "system", "call", "reasoning", "summary"])
+    return st.lists(st.tuples(kinds, st.integers(min_value=4, max_value=max_tokens)), max_size=30)
 
 
-@settings(deadline=None, max_examples=300)
-@given(
-    st.lists(
-        st.tuples(
-            st.sampled_from(["user", "assistant", "system", "call", "reasoning", "summary"]),
-            st.integers(min_value=4, max_value=400),
-        ),
-        max_size=30,
-    ),
-    st.integers(min_value=0, max_value=3_000),
-    st.none() | st.integers(min_value=0, max_value=12),
-)
-def test_plan_is_the_longest_valid_tail_within_the_budget(
-    kinds: list[tuple[str, int]], budget: int, max_items: int | None
-) -> None:
+def build(kinds: list[tuple[str, int]]) -> list[Item]:
+    """Items of the given kinds and estimated sizes (a call comes with its output)."""
     items: list[Item] = []
     for n, (kind, tokens) in enumerate(kinds):
         if kind == "call":
@@ -220,6 +214,30 @@ def test_plan_is_the_longest_valid_tail_within_the_budget(
             items.append(msg("user", "s" * tokens, item_id=f"cmp_{n}"))
         else:
             items.append(sized(kind, tokens, str(n)))
+    return items
+
+
+def valid_start(items: list[Item], start: int) -> bool:
+    """No output in items[start:] whose call is before ``start``; no reasoning just before it,
+    unless it is a user message."""
+    if start == len(items):
+        return True
+    before = {i["call_id"] for i in items[:start] if i["type"] == "function_call"}
+    orphaned = any(i["type"] == "function_call_output" and i["call_id"] in before for i in items[start:])
+    after_reasoning = start > 0 and items[start - 1]["type"] == "reasoning"
+    return not orphaned and (not after_reasoning or strategy.is_user_turn(items[start]))
+
+
+@settings(deadline=None, max_examples=300)
+@given(
+    transcripts(400),
+    st.integers(min_value=0, max_value=3_000),
+    st.none() | st.integers(min_value=0, max_value=12),
+)
+def test_plan_is_the_longest_valid_tail_within_the_budget(
+    kinds: list[tuple[str, int]], budget: int, max_items: int | None
+) -> None:
+    items = build(kinds)
     p = plan(items, budget, max_items)
     start = recent_start(items, budget, max_items)
     assert sorted(ids(p.pinned + p.older + p.recent)) == sorted(ids(items))
@@ -250,6 +268,144 @@ def test_earlier_summaries_are_always_folded_and_go_first() -> None:
     assert ids(p.recent) == ["msg_u1", "msg_a1"]
     p = plan([msg("user", "u0"), *items], 10**6, max_items=1)
     assert ids(p.older) == ["cmp_1", "msg_u0", "msg_u1"]
+
+
+# -- an explicit compaction (POST /v1/responses/compact) ---------------------------------------------
+BUDGET = 19_200  # the default: 15% of a 128,000-token window
+
+
+def agent_turns() -> list[Item]:
+    """The issue's shape, ~10k tokens: a short ask, a 30k-character tool result, a long answer, a
+    short last message. All of it is within the default budget."""
+    return [
+        sized("user", 20, "u1"),
+        call("c1"),
+        result("c1", 7_500),
+        sized("assistant", 2_000, "a1"),
+        sized("user", 15, "u2"),
+    ]
+
+
+def test_everything_before_the_newest_user_message_is_summarized() -> None:
+    items = agent_turns()
+    assert estimate(items) < BUDGET and plan(items, BUDGET).older == []  # inline's rule keeps it all
+    p = compact_plan(items, BUDGET)
+    assert ids(p.older) == ["msg_u1", "fc_c1", "fco_c1", "msg_a1"] and ids(p.recent) == ["msg_u2"]
+    assert p.pinned == []
+
+
+def test_only_a_user_message_is_kept_whole_with_nothing_to_summarize() -> None:
+    for items in (
+        [msg("user", "hi")],
+        [msg("system", "s"), msg("user", "hi")],
+        [msg("user", "hi"), msg("assistant", "a")],
+    ):
+        p = compact_plan(items, BUDGET)
+        assert p.older == [] and p.recent == items  # as before: nothing precedes the newest user turn
+    assert compact_plan([], BUDGET) == strategy.Plan([], [], [])
+
+
+def test_pinned_messages_stay_and_the_newest_user_turn_keeps_its_calls() -> None:
+    items = [
+        sized("system", 100, "sys"),
+        *agent_turns(),
+        sized("developer", 30, "dev"),
+        call("c2"),
+        out("c2", "22C"),
+        sized("assistant", 40, "a2"),
+    ]
+    p = compact_plan(items, BUDGET)
+    assert ids(p.pinned) == ["msg_sys"]
+    assert ids(p.older) == ["msg_u1", "fc_c1", "fco_c1", "msg_a1"]
+    assert ids(p.recent) == ["msg_u2", "msg_dev", "fc_c2", "fco_c2", "msg_a2"]
+
+
+def test_the_tail_is_bounded_by_a_share_of_the_input_not_only_the_budget() -> None:
+    # The newest user turn holds the bulk: its 7,500-token result is over half of the input, so the
+    # tail is the newest items within that share, and the user message goes to the summary.
+    items = [sized("user", 20, "u1"), sized("assistant", 20, "a1"), sized("user", 20, "u2"), call("c1")]
+    items += [result("c1", 7_500), sized("assistant", 2_000, "a2")]
+    assert estimate(items[2:]) < BUDGET
+    p = compact_plan(items, BUDGET)
+    assert ids(p.recent) == ["msg_a2"] and ids(p.older) == ["msg_u1", "msg_a1", "msg_u2", "fc_c1", "fco_c1"]
+    assert estimate(p.recent) <= TAIL_SHARE * estimate(items)
+    # the budget still bounds it too
+    p = compact_plan(items, 1_000)
+    assert p.recent == [] and len(p.older) == len(items)
+
+
+def test_a_huge_newest_user_message_stays_verbatim() -> None:
+    items = [sized("user", 50, "u1"), sized("assistant", 50, "a1"), sized("user", 30_000, "big")]
+    p = compact_plan(items, BUDGET)
+    assert ids(p.older) == ["msg_u1", "msg_a1"] and ids(p.recent) == ["msg_big"]
+    items.append(sized("assistant", 40, "a2"))  # with what follows it, when that fits
+    assert ids(compact_plan(items, BUDGET).recent) == ["msg_big", "msg_a2"]
+
+
+def test_the_tail_never_splits_a_call_from_its_output() -> None:
+    # an output after the newest user message answers a call before it: the tail starts after both
+    items = [
+        sized("user", 20, "u1"),
+        call("c1"),
+        sized("user", 20, "u2"),
+        out("c1"),
+        sized("assistant", 20, "a"),
+    ]
+    p = compact_plan(items, BUDGET)
+    assert ids(p.recent) == ["msg_a"] and ids(p.older) == ["msg_u1", "fc_c1", "msg_u2", "fco_c1"]
+
+
+def test_reasoning_goes_with_what_follows_it() -> None:
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": []}
+    items = [sized("user", 20, "u1"), sized("assistant", 20, "a1"), sized("user", 20, "u2"), reasoning]
+    items += [call("c1"), out("c1")]
+    assert ids(compact_plan(items, BUDGET).recent) == ["msg_u2", "rs_1", "fc_c1", "fco_c1"]
+    # a reasoning item just before the newest user message is summarized, the message kept
+    items = [sized("user", 20, "u1"), reasoning, sized("user", 20, "u2")]
+    p = compact_plan(items, BUDGET)
+    assert ids(p.older) == ["msg_u1", "rs_1"] and ids(p.recent) == ["msg_u2"]
+
+
+def test_earlier_summaries_are_folded_first() -> None:
+    summary = msg("user", "old summary", item_id="cmp_1")
+    p = compact_plan(
+        [msg("system", "s"), summary, msg("user", "u1"), msg("assistant", "a1"), msg("user", "u2")], BUDGET
+    )
+    assert ids(p.pinned) == ["msg_s"] and ids(p.older) == ["cmp_1", "msg_u1", "msg_a1"]
+    assert ids(p.recent) == ["msg_u2"]
+    # an earlier summary alone before the newest user message is something to fold, not to keep
+    p = compact_plan([summary, msg("user", "u2")], BUDGET)
+    assert ids(p.older) == ["cmp_1"] and ids(p.recent) == ["msg_u2"]
+
+
+def test_keep_recent_items_still_caps_the_tail() -> None:
+    items = [msg("user", "u1"), msg("assistant", "a1"), msg("user", "u2"), msg("assistant", "a2")]
+    assert ids(compact_plan(items, BUDGET, max_items=1).recent) == ["msg_a2"]
+    assert ids(compact_plan(items, BUDGET, max_items=2).recent) == ["msg_u2", "msg_a2"]
+
+
+@settings(deadline=None, max_examples=300)
+@given(transcripts(4_000), st.integers(min_value=0, max_value=30_000))
+def test_an_explicit_tail_is_valid_and_at_most_about_half_the_input(
+    kinds: list[tuple[str, int]], budget: int
+) -> None:
+    items = build(kinds)
+    start = compact_start(items, budget)
+    p = compact_plan(items, budget)
+    assert sorted(ids(p.pinned + p.older + p.recent)) == sorted(ids(items))
+    assert valid_start(items, start)
+    users = [n for n, i in enumerate(items) if strategy.is_user_turn(i)]
+    if users and all(strategy.is_pinned(i) for i in items[: users[-1]]):
+        assert start == recent_start(items, budget)  # nothing before the newest user turn
+        return
+    if users:
+        assert start >= users[-1]  # everything before the newest user message is summarized
+    tail = [i for i in p.recent if not strategy.is_pinned(i)]
+    unpinned = estimate([i for i in items if not strategy.is_pinned(i)])
+    if start == (users[-1] if users else None):
+        tail = tail[1:]  # the newest user message stays whatever its size; what follows it fits
+    pinned = estimate([i for i in items if strategy.is_pinned(i)])
+    assert estimate(tail) <= min(budget - pinned, TAIL_SHARE * unpinned) or tail == []
 
 
 # -- the budget ------------------------------------------------------------------------------------
