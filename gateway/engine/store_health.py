@@ -82,7 +82,10 @@ class StoreHealth:
 
     async def release(self, tenant: str, response_id: str) -> None:
         """Drop a write-ahead record no response will replace; if the store cannot, the record
-        expires with its TTL (the failure is reported, not raised)."""
+        expires with its TTL (the failure is reported, not raised). While the store is known down
+        it is not tried: a failing turn's end does not wait on a frozen server."""
+        if self._down_until is not None and self._clock() < self._down_until:
+            return
         try:
             await self.store.release(tenant, response_id)
         except ServiceUnavailable:
