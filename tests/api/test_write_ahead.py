@@ -75,7 +75,6 @@ async def test_a_response_in_progress_has_only_its_record_and_is_not_found(
         assert record.keys() == {b"status", b"tenant", b"created_at"}
         assert record[b"status"] == b"in_progress" and record[b"tenant"] == b"a"
         assert SECRET.encode() not in b"".join((*record.keys(), *record.values()))
-        assert len(fake.requests) <= 1  # written before the upstream call (which is still waiting)
         pttl = redis.Redis.from_url(redis_url()).pttl(f"{prefix}:{{a}}:r:{rid}")
         assert 600_000 < pttl <= (600 + MARGIN_SECONDS) * 1000  # timeouts.total + the margin
         for headers in (A, B):  # its own tenant as any other: nothing there yet
