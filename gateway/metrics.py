@@ -61,7 +61,7 @@ STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled", "in_prog
 OUTCOMES = frozenset(
     {"ok", "rate_limited", "timeout", "connect_error", "rejected", "server_error", "error", "cancelled"}
 )
-STORE_OPS = frozenset({"put", "get", "chain", "delete", "get_items", "ping"})
+STORE_OPS = frozenset({"reserve", "release", "put", "get", "chain", "delete", "get_items", "ping"})
 LIMITS = frozenset(
     {"requests_per_minute", "tokens_per_minute", "concurrent_requests", "budget", "websocket_connections"}
 )

@@ -5,6 +5,13 @@ A stored response holds only its *own* input items and its output (inside ``reso
 a pointer to its predecessor, so a chain of N turns costs O(N) bytes and is reassembled by
 walking ``previous_response_id`` (``chain``), which implementations do in a bounded number of
 round trips. Every read is scoped by tenant: another tenant's id is simply "not found".
+
+Before a ``store: true`` response is generated, its write-ahead record (``PendingResponse``: no
+conversation content) is written under the same id (``reserve``), so that a store that cannot keep
+the answer is known before any upstream spend. Until the response's ``put`` replaces it, the record
+is invisible to every read: ``get``, ``chain``, ``get_items`` and ``delete`` treat the id as
+unknown. A turn that ends without a stored response drops it (``release``); one that never gets to
+(a crash) leaves it to its TTL.
 """
 
 from __future__ import annotations
@@ -27,6 +34,16 @@ class StoredResponse:
     @property
     def output_items(self) -> list[dict[str, Any]]:
         return self.resource.get("output", [])
+
+
+@dataclass(slots=True, frozen=True)
+class PendingResponse:
+    """The write-ahead record of a ``store: true`` response being generated (status
+    ``in_progress``): its id, tenant and ``created_at`` (unix seconds), nothing of its content."""
+
+    id: str
+    tenant: str
+    created_at: int
 
 
 @dataclass(slots=True, frozen=True)
@@ -68,6 +85,16 @@ class ResponseStore(Protocol):
         before a response whose generation outlasted the read, and a continuation that fails or
         is not stored (``store: false``) should not prolong anything. Reads (``get``, ``chain``,
         ``get_items``) never extend a TTL."""
+
+    async def reserve(self, pending: PendingResponse, ttl_seconds: float) -> None:
+        """Write ``pending``'s write-ahead record, expiring after ``ttl_seconds`` unless a ``put``
+        of the same id replaces it first (then it has the put's TTL). Raises ServiceUnavailable
+        when the backend is down: the response cannot be stored, so it must not be generated."""
+
+    async def release(self, tenant: str, response_id: str) -> None:
+        """Drop the write-ahead record of a response that will not be stored (it failed, or was
+        cancelled); a stored response by that id is left alone. Raises ServiceUnavailable when
+        the backend is down (the record then expires with its TTL)."""
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None: ...
 

@@ -3,6 +3,9 @@ each with a TTL on the monotonic clock, plus an item-id index for ``get_items``.
 
 A chain lives as long as its newest member: ``put`` raises each ancestor's expiry to the new
 response's (the item index has no expiry of its own; it follows its response's entry).
+
+Write-ahead records (``reserve``) are kept apart, as an expiry by id: they hold nothing to read and
+take no room in the LRU's bounds.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 from gateway.kernel.errors import chain_too_deep
 from state import codec
-from state.base import StoredResponse
+from state.base import PendingResponse, StoredResponse
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,7 @@ class MemoryStore:
         self._clock = clock
         self._entries: OrderedDict[_Key, _Entry] = OrderedDict()  # least recently used first
         self._items: dict[_Key, str] = {}  # (tenant, item id) -> response id
+        self._pending: dict[_Key, float] = {}  # write-ahead records: their expiry, oldest first
         self._bytes = 0
 
     # -- introspection (tests, metrics) ------------------------------------------------------
@@ -60,6 +64,11 @@ class MemoryStore:
     @property
     def total_bytes(self) -> int:
         return self._bytes
+
+    def pending(self, tenant: str, response_id: str) -> bool:
+        """A live write-ahead record by that id."""
+        expires = self._pending.get((tenant, response_id))
+        return expires is not None and expires > self._clock()
 
     # -- internals ---------------------------------------------------------------------------
     def _remove(self, key: _Key) -> None:
@@ -105,9 +114,24 @@ class MemoryStore:
             self._remove(key)
 
     # -- ResponseStore -----------------------------------------------------------------------
+    async def reserve(self, pending: PendingResponse, ttl_seconds: float) -> None:
+        now = self._clock()
+        records = self._pending
+        # drop the expired ones at the front (left by turns that never ended): amortized O(1)
+        while records:
+            oldest = next(iter(records))
+            if records[oldest] > now:
+                break
+            del records[oldest]
+        records[(pending.tenant, pending.id)] = now + ttl_seconds
+
+    async def release(self, tenant: str, response_id: str) -> None:
+        self._pending.pop((tenant, response_id), None)
+
     async def put(self, response: StoredResponse) -> None:
         blob = codec.encode(response)
         key = (response.tenant, response.id)
+        self._pending.pop(key, None)
         if key in self._entries:
             self._remove(key)
         if len(blob) > self.max_bytes:
@@ -175,4 +199,5 @@ class MemoryStore:
     async def aclose(self) -> None:
         self._entries.clear()
         self._items.clear()
+        self._pending.clear()
         self._bytes = 0

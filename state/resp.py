@@ -1,4 +1,5 @@
-"""A lean Redis client for the limiter's two scripts: one pipelined connection, EVALSHA only.
+"""A lean Redis client for the scripts every request runs (the limiter's two, the response store's
+write-ahead record): one pipelined connection, EVALSHA only.
 
 Every request that a limit applies to makes one admission round trip (and its settlement one more,
 off the response's path), so the client's own cost is the limiter's cost: redis-py's asyncio client
@@ -105,9 +106,10 @@ class _Conn(asyncio.Protocol):
 
 
 class LeanRedis:
-    def __init__(self, url: str, timeout: float) -> None:
+    def __init__(self, url: str, timeout: float, what: str = "limiter") -> None:
         self.opts = parse_url(url)
         self.timeout = timeout
+        self.unavailable = f"{what} unavailable"  # the message of its ServiceUnavailable
         self._conn: _Conn | None = None
         self._connecting: asyncio.Future[_Conn] | None = None
 
@@ -166,10 +168,10 @@ class LeanRedis:
         except (TimeoutError, OSError, ConnectionError):
             self._drop()
             if conn is None:
-                raise NotSent("limiter unavailable") from None
-            raise ServiceUnavailable("limiter unavailable") from None
+                raise NotSent(self.unavailable) from None
+            raise ServiceUnavailable(self.unavailable) from None
         if isinstance(reply, hiredis.ReplyError):
-            raise ServiceUnavailable("limiter unavailable")
+            raise ServiceUnavailable(self.unavailable)
         return reply
 
     def send_nowait(

@@ -22,6 +22,11 @@ class Topology:
     sentinel_master: str = ""
     sentinel_password: str | None = field(default=None, repr=False)
 
+    @property
+    def lean(self) -> bool:
+        """The lean client (``state/resp.py``) can talk to it: standalone, without TLS."""
+        return self.mode == "standalone" and not self.url.startswith("rediss://")
+
     @classmethod
     def from_settings(cls, settings: StateSettings) -> Topology:
         assert settings.redis_url is not None

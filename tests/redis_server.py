@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from functools import cache
@@ -130,3 +131,34 @@ def delete_prefix(url: str, prefix: str) -> None:
             client.delete(*keys[i : i + 500])
     finally:
         client.close()
+
+
+class Monitor:
+    """A raw ``MONITOR`` connection to Redis, read in a thread: every command the server runs."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.split("//")[1].split("/")[0].split("@")[-1].split(":")
+        self.sock = socket.create_connection((host, int(port)))
+        self.sock.sendall(b"MONITOR\r\n")
+        self.seen = bytearray()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 5
+        while b"+OK" not in self.seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            self.seen += data
+
+    def stop(self) -> bytes:
+        time.sleep(0.3)  # let the last commands arrive
+        self.sock.close()
+        self.thread.join(5)
+        return bytes(self.seen)

@@ -4,7 +4,9 @@ GET/DELETE /v1/responses/{id} and GET /v1/responses/{id}/input_items (cursor pag
 Each read or delete of an authenticated caller writes one audit line (``stored_response``): the
 action, tenant, key name, response id and result (found / not_found / deleted).
 
-A ``retention: none`` tenant has no stored responses: every id is not found, without a store read."""
+A ``retention: none`` tenant has no stored responses: every id is not found, without a store read.
+Nor is a response still being generated: its id has only its write-ahead record (``state/base.py``),
+which no read sees, so it is not found until it is stored, for its own tenant as for any other."""
 
 from __future__ import annotations
 

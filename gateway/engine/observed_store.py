@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from gateway.engine.telemetry import Observer, Tracer
 from gateway.kernel.errors import GatewayError, ServiceUnavailable
-from state.base import ResponseStore, StoredResponse
+from state.base import PendingResponse, ResponseStore, StoredResponse
 
 T = TypeVar("T")
 
@@ -44,6 +44,12 @@ class ObservedStore:
             raise
         finally:
             self._observer.store_op(op, time.perf_counter() - start, failed)
+
+    async def reserve(self, pending: PendingResponse, ttl_seconds: float) -> None:
+        await self._call("reserve", lambda: self.inner.reserve(pending, ttl_seconds))
+
+    async def release(self, tenant: str, response_id: str) -> None:
+        await self._call("release", lambda: self.inner.release(tenant, response_id))
 
     async def put(self, response: StoredResponse) -> None:
         await self._call("put", lambda: self.inner.put(response))

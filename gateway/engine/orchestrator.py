@@ -3,11 +3,13 @@
 Route it (the route carries its fallbacks and retry policy), assemble its context (the chain,
 references, opened compaction items, the new input), fit the context into the window (the
 injected ``fit_context`` hook), then derive the ResponseResource and the upstream request from one
-read of the request (``Echoes``). A ``store: true`` turn gets the store write as its first
-end-of-turn hook, and every turn is metered by its last (``usage.py``). A ``retention: none``
-tenant's turns are never stored. HTTP, the WebSocket and compaction's summarizing call all come through
-``Gateway.prepare``; the engine knows compaction only through the three injected hooks
-(``open_compaction``, ``fit_context``, and ``compact_context`` for ``context_management``).
+read of the request (``Echoes``). A ``store: true`` turn's write-ahead record is written once its
+context is read, before any upstream spend (``store_health.py``: a store that cannot take it is a
+503 with nothing generated); the store write is its first end-of-turn hook. Every turn is
+metered by its last (``usage.py``). A ``retention: none`` tenant's turns are never stored. HTTP,
+the WebSocket and compaction's summarizing call all come through ``Gateway.prepare``; the engine
+knows compaction only through the three injected hooks (``open_compaction``, ``fit_context``, and
+``compact_context`` for ``context_management``).
 
 ``generate: false`` (a warm-up) is prepared like any turn and run by the same runner and hooks,
 as a ``Warmup`` turn that opens no upstream: it is neither compacted nor charged tokens, and counts
@@ -38,7 +40,7 @@ from gateway.kernel.estimate import estimate
 from gateway.kernel.ids import response_id
 from gateway.kernel.settings import Settings
 from gateway.kernel.spec.request import CreateResponseBody
-from state.base import ConnectionCache, ResponseStore, StoredResponse
+from state.base import ConnectionCache, PendingResponse, ResponseStore, StoredResponse
 from state.limits import Check, Limiter, MemoryLimiter
 from state.usage import MemoryLedger, UsageLedger
 
@@ -101,7 +103,8 @@ class Gateway:
         self.open_compaction = open_compaction
         self.fit_context = fit_context
         self.compact_context = compact_context
-        self.store_health = StoreHealth(store, settings.state.health_recheck_seconds)
+        # observed: a failed check counts in the store's error metric
+        self.store_health = StoreHealth(self.store, settings.state.health_recheck_seconds)
         self.limits = TenantLimiter(settings, limiter or MemoryLimiter(), observer=observer)
 
     def retains(self, tenant: str) -> bool:
@@ -179,10 +182,19 @@ class Gateway:
                 )
             store = False
         if store:
-            await self.store_health.require()  # refuse before any upstream spend, not after
+            await self.store_health.require()  # known down: refused at once, before any store read
         warmup = body.generate is False
         ctx = await self.context(body.input, body.previous_response_id, principal, cache)
         echoes = Echoes.of(body)
+        rid = self._response_id(body, route, ctx, affinity)
+        resource = new_resource(body, response_id=rid, model=route.model, store=store, echoes=echoes)
+        if store:
+            # The write-ahead record: a store that cannot keep the answer is found out here, before
+            # any upstream spend (a compaction call's included), not after it (store_health.py).
+            pending = PendingResponse(rid, principal.tenant, resource["created_at"])
+            # it lasts as long as the request may (a compacting one makes two upstream calls)
+            calls = 2 if body.context_management and not warmup else 1
+            await self.store_health.reserve(pending, route.total_seconds * calls)
         # instructions and tool schemas take room in the window too
         reserved = (len(body.instructions or "") + len(orjson.dumps(echoes.tools))) // 4
         # The tenancy limits, last before the upstream call (a refusal costs nothing upstream), or
@@ -233,6 +245,7 @@ class Gateway:
                 route,
                 ctx,
                 echoes,
+                resource,
                 store,
                 streaming,
                 error_event,
@@ -241,14 +254,25 @@ class Gateway:
                 affinity,
             )
             turn.compaction = compaction
-        except BaseException:
-            if held is not None:  # admitted, but no turn came of it: nothing was sent upstream
+        except BaseException:  # no turn will end what was taken for it: nothing was sent upstream
+            if held is not None:
                 await self.limits.settle_soon(held, 0)
+            if store:
+                await self.store_health.release(principal.tenant, rid)
             raise
         if held is not None:
             turn.rate_headers = held.headers
             turn.on_end(self._settle_hook(held, estimated))  # runs whatever the other hooks do
         return turn
+
+    @staticmethod
+    def _response_id(body: CreateResponseBody, route: Route, ctx: Context, affinity: str | None) -> str:
+        """The new response's id. A turn that starts a chain gets one hashing to where it goes
+        (its affinity key's deployment, gateway/engine/balance.py), so the chain's later turns
+        follow it there through their root's id."""
+        if body.previous_response_id is None:
+            return route.chooser.claim(body.prompt_cache_key or affinity or ctx.root, response_id)
+        return response_id()
 
     def _turn(
         self,
@@ -257,6 +281,7 @@ class Gateway:
         route: Route,
         ctx: Context,
         echoes: Echoes,
+        resource: dict[str, Any],
         store: bool,
         streaming: bool,
         error_event: bool,
@@ -265,15 +290,11 @@ class Gateway:
         affinity: str | None,
     ) -> Turn:
         # The deployment affinity key (gateway/engine/balance.py): the prompt_cache_key, the
-        # caller's, or the chain's root. A turn that starts a chain gets an id hashing to where it
-        # goes, and is its own key: the chain's later turns then follow it through its root's id.
+        # caller's, or the chain's root; a turn that starts a chain is its own key (its id).
         key = body.prompt_cache_key or affinity or ctx.root
+        rid: str = resource["id"]
         if body.previous_response_id is None:
-            rid = route.chooser.claim(key, response_id)
             key = key or rid
-        else:
-            rid = response_id()
-        resource = new_resource(body, response_id=rid, model=route.model, store=store, echoes=echoes)
         kind = Warmup if body.generate is False else Turn
         turn = kind(
             request=upstream_request(
@@ -321,14 +342,19 @@ class Gateway:
         return settle
 
     def _store_hook(self, stored: StoredResponse) -> Callable[[TurnResult], Awaitable[None]]:
+        """The final write: the response replaces its write-ahead record; a turn that ended
+        without one (failed, cancelled) drops the record."""
+
         async def keep(result: TurnResult) -> None:
-            if result.ended:
-                stored.resource = result.resource
-                try:
-                    await self.store.put(stored)
-                except ServiceUnavailable:
-                    self.store_health.report(False)
-                    raise
+            if not result.ended:
+                await self.store_health.release(stored.tenant, stored.id)
+                return
+            stored.resource = result.resource
+            try:
+                await self.store.put(stored)
+            except ServiceUnavailable:
+                self.store_health.report(False)
+                raise
 
         return keep
 

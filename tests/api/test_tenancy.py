@@ -4,9 +4,6 @@ the admin section's validation."""
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +14,7 @@ import pytest
 from gateway.kernel.settings import ConfigError, load_settings
 from tests.api.helpers import parse_sse
 from tests.harness import ServedApp
-from tests.redis_server import delete_prefix, redis_url, unique_prefix
+from tests.redis_server import Monitor, delete_prefix, redis_url, unique_prefix
 from tests.ws.helpers import assert_envelope, run_turn, serve, ws_connect
 
 SECRET = "ultramarine-7731"  # the no-retention tenant's conversation
@@ -34,37 +31,6 @@ def retention_settings(**extra: Any) -> dict[str, Any]:
         "compaction": {"keep_recent_items": 1},
         **extra,
     }
-
-
-class Monitor:
-    """A raw ``MONITOR`` connection to Redis, read in a thread: every command the server runs."""
-
-    def __init__(self, url: str) -> None:
-        host, port = url.split("//")[1].split("/")[0].split("@")[-1].split(":")
-        self.sock = socket.create_connection((host, int(port)))
-        self.sock.sendall(b"MONITOR\r\n")
-        self.seen = bytearray()
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 5
-        while b"+OK" not in self.seen and time.monotonic() < deadline:
-            time.sleep(0.01)
-
-    def _read(self) -> None:
-        while True:
-            try:
-                data = self.sock.recv(65536)
-            except OSError:
-                return
-            if not data:
-                return
-            self.seen += data
-
-    def stop(self) -> bytes:
-        time.sleep(0.3)  # let the last commands arrive
-        self.sock.close()
-        self.thread.join(5)
-        return bytes(self.seen)
 
 
 @pytest.fixture

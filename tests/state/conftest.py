@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from state.base import ResponseStore, StoredResponse
+from state.base import PendingResponse, ResponseStore, StoredResponse
 from state.memory import MemoryStore
 from state.redis import RedisStore
 from tests import redis_server
@@ -149,6 +149,11 @@ def make_response(
         created_at=1_700_000_000,
         stored_at=1_700_000_000.25,
     )
+
+
+def pending_of(response: StoredResponse) -> PendingResponse:
+    """The write-ahead record of ``response``."""
+    return PendingResponse(response.id, response.tenant, response.created_at)
 
 
 async def put_chain(

@@ -18,14 +18,14 @@ from redis.asyncio.connection import AbstractConnection
 
 from gateway.kernel.errors import InvalidRequest, ServiceUnavailable
 from gateway.kernel.settings import StateSettings
-from state import codec
+from state import codec, resp
 from state.base import ResponseStore
 from state.factory import create_store
 from state.memory import MemoryStore
 from state.redis import CHAIN, RedisStore
 from tests.redis_server import RedisServer, free_port
 from tests.redis_topology import Target
-from tests.state.conftest import StoreFactory, make_response, put_chain
+from tests.state.conftest import StoreFactory, make_response, pending_of, put_chain
 
 # -- the contract ---------------------------------------------------------------------------
 
@@ -173,6 +173,51 @@ async def test_reads_do_not_extend_the_ttl(make_store: StoreFactory) -> None:
     assert await store.get_items("tenant-a", items) == {}
 
 
+async def test_a_write_ahead_record_is_invisible_to_every_read(store: ResponseStore) -> None:
+    """Until its response is stored, an id with only a write-ahead record is unknown: to get,
+    chain (a continuation of it is not found either), get_items and delete."""
+    r = make_response()
+    await store.reserve(pending_of(r), 60)
+    assert await store.get(r.tenant, r.id) is None
+    assert await store.chain(r.tenant, r.id, 10) is None
+    assert await store.get_items(r.tenant, codec.item_ids(r)) == {}
+    assert await store.delete(r.tenant, r.id) is False
+    child = make_response(prev=r.id)
+    await store.put(child)
+    assert await store.chain(child.tenant, child.id, 10) is None
+    await store.put(r)  # the response replaces its record
+    assert await store.get(r.tenant, r.id) == r
+    assert await store.chain(child.tenant, child.id, 10) == [r, child]
+    assert await store.delete(r.tenant, r.id) is True
+
+
+async def test_a_put_replaces_the_write_ahead_record_and_its_ttl(make_store: StoreFactory) -> None:
+    """The stored response has the store's TTL, not its record's shorter one; a record written
+    for an id already stored (never, with fresh ids) leaves that response as it was."""
+    store = await make_store(ttl_seconds=60)
+    r, kept = make_response(), make_response()
+    await store.reserve(pending_of(r), 1)
+    await store.put(r)
+    await store.put(kept)
+    await store.reserve(pending_of(kept), 1)
+    await asyncio.sleep(1.3)
+    assert await store.get(r.tenant, r.id) == r
+    assert await store.get(kept.tenant, kept.id) == kept
+
+
+async def test_release_leaves_a_stored_response_alone(store: ResponseStore) -> None:
+    r = make_response()
+    await store.reserve(pending_of(r), 60)
+    await store.put(r)
+    await store.release(r.tenant, r.id)
+    assert await store.get(r.tenant, r.id) == r
+    await store.release(r.tenant, "resp_never_reserved")  # nothing to drop: no error
+    other = make_response()
+    await store.reserve(pending_of(other), 60)
+    await store.release(other.tenant, other.id)
+    assert await store.get(other.tenant, other.id) is None
+
+
 async def test_delete(store: ResponseStore) -> None:
     turns = await put_chain(store, 2)
     victim = turns[0]
@@ -270,6 +315,23 @@ async def test_memory_drops_a_response_larger_than_the_whole_budget() -> None:
     assert await store.get("tenant-a", small.id) == small
 
 
+async def test_memory_write_ahead_records_take_no_room_and_expire() -> None:
+    now = [1000.0]
+    store = MemoryStore(max_entries=1, ttl_seconds=60, clock=lambda: now[0])
+    stored, waiting = make_response(), make_response()
+    await store.put(stored)
+    await store.reserve(pending_of(waiting), 10)
+    assert store.pending(waiting.tenant, waiting.id)
+    assert len(store) == 1 and await store.get(stored.tenant, stored.id) == stored  # not evicted
+    now[0] += 10.1
+    assert not store.pending(waiting.tenant, waiting.id)
+    fresh = make_response()
+    await store.reserve(pending_of(fresh), 10)  # sweeps the expired record left in front
+    assert list(store._pending) == [(fresh.tenant, fresh.id)]
+    await store.put(fresh)
+    assert not store.pending(fresh.tenant, fresh.id) and not store._pending
+
+
 async def test_memory_ttl_uses_the_injected_monotonic_clock() -> None:
     now = [1000.0]
     store = MemoryStore(ttl_seconds=10, clock=lambda: now[0])
@@ -362,7 +424,8 @@ async def test_redis_chain_bytes_grow_linearly(rstore: RedisStore, raw: aioredis
 
 @pytest.fixture
 def round_trips(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
-    """Every packed command batch sent to any Redis (one per request/pipeline round trip)."""
+    """Every packed command batch sent to any Redis (one per request/pipeline round trip), by
+    redis-py or by the lean client."""
     sent: list[bytes] = []
     original = AbstractConnection.send_packed_command
 
@@ -371,6 +434,13 @@ def round_trips(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
         await original(self, command, check_health)
 
     monkeypatch.setattr(AbstractConnection, "send_packed_command", counting)
+    lean_send = resp._Conn.send
+
+    def lean_counting(self: resp._Conn, data: bytes) -> Any:  # the lean client (state/resp.py)
+        sent.append(data)
+        return lean_send(self, data)
+
+    monkeypatch.setattr(resp._Conn, "send", lean_counting)
     return sent
 
 
@@ -387,6 +457,33 @@ async def test_redis_chain_is_one_round_trip(rstore: RedisStore, round_trips: li
     await rstore.put(make_response(prev=turns[-1].id))
     await rstore.get_items("tenant-a", [t.output_items[0]["id"] for t in turns])
     assert len(round_trips) == 2  # a put (with its 25 ancestors' TTLs) and get_items: one script each
+
+
+async def test_redis_write_ahead_record_is_one_round_trip_and_holds_no_content(
+    rstore: RedisStore, raw: aioredis.Redis, round_trips: list[bytes]
+) -> None:
+    r = make_response(text="the conversation")
+    key = rstore.response_key(r.tenant, r.id)
+    await rstore.reserve(pending_of(r), 1.5)  # a fresh server answers NOSCRIPT once: not counted
+    await rstore.release(r.tenant, r.id)
+    round_trips.clear()
+    await rstore.reserve(pending_of(r), 600.25)
+    assert len(round_trips) == 1 and b"EVALSHA" in round_trips[0]
+    assert await raw.hgetall(key) == {
+        b"status": b"in_progress",
+        b"tenant": r.tenant.encode(),
+        b"created_at": str(r.created_at).encode(),
+    }
+    assert 599_000 < await raw.pttl(key) <= 600_250
+    await rstore.put(r)  # replaced whole: the response's fields and TTL only
+    assert set(await raw.hgetall(key)) == {b"prev", b"blob", b"items"}
+    assert 59_000 < await raw.pttl(key) <= 60_000
+    await rstore.release(r.tenant, r.id)
+    assert await raw.exists(key) == 1
+    other = make_response()
+    await rstore.reserve(pending_of(other), 60)
+    await rstore.release(other.tenant, other.id)
+    assert await raw.exists(rstore.response_key(other.tenant, other.id)) == 0
 
 
 async def test_redis_put_extends_ancestor_and_item_ttls(rstore: RedisStore, raw: aioredis.Redis) -> None:
@@ -463,6 +560,8 @@ async def test_redis_down_fails_fast(target: str) -> None:
     # 0.5 s per call is the contract; the bound leaves room for this VM's multi-100-ms stalls while
     # still failing on a hang (redis-py alone takes several seconds against a silent server).
     calls = [
+        lambda: store.reserve(pending_of(make_response()), 60),
+        lambda: store.release("t", "resp_x"),
         lambda: store.put(make_response()),
         lambda: store.get("t", "resp_x"),
         lambda: store.chain("t", "resp_x", 10),
@@ -515,7 +614,10 @@ async def test_redis_recovers_after_a_restart_on_the_same_port() -> None:
         before = await put_chain(store, 3)
         assert await store.chain("tenant-a", before[-1].id, 10) == before
 
+        await store.reserve(pending_of(make_response()), 60)
         server.stop()
+        with pytest.raises(ServiceUnavailable):
+            await store.reserve(pending_of(make_response()), 60)
         with pytest.raises(ServiceUnavailable):
             await store.put(make_response())
         with pytest.raises(ServiceUnavailable):
@@ -528,6 +630,10 @@ async def test_redis_recovers_after_a_restart_on_the_same_port() -> None:
         await check.aclose()
         assert await store.ping() is True
         assert await store.get("tenant-a", before[0].id) is None
+        waiting = make_response()
+        await store.reserve(pending_of(waiting), 60)  # a new connection, and NOSCRIPT: EVAL
+        await store.put(waiting)
+        assert await store.get("tenant-a", waiting.id) == waiting
         after = await put_chain(store, 3)
         assert await store.chain("tenant-a", after[-1].id, 10) == after
         assert await store.get_items("tenant-a", [after[0].input_items[0]["id"]]) == {

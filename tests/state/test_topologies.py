@@ -28,7 +28,7 @@ from tests.redis_topology import (
     sentinel_target,
     standalone_target,
 )
-from tests.state.conftest import make_response, put_chain
+from tests.state.conftest import make_response, pending_of, put_chain
 
 RPM = Check("r", "rpm", 2)
 
@@ -338,12 +338,20 @@ def test_good_topology_settings() -> None:
     assert sentinel.sentinels == ["10.0.0.7:26379", "[::1]:26380"]
 
 
-async def test_store_health_pings_every_mode(target: Target, key_prefix: str) -> None:
+async def test_store_health_checks_every_mode(target: Target, key_prefix: str) -> None:
     store = create_store(StateSettings(**target.state(key_prefix)))
     try:
         health = StoreHealth(store, recheck_seconds=0.01)
-        await health.require()  # no ServiceUnavailable: the ping answered
-        assert await store.ping() is True
+        r = make_response()
+        await health.reserve(pending_of(r), 1)  # the write-ahead record: no ServiceUnavailable
+        await store.put(r)
+        assert await store.get(r.tenant, r.id) == r
+        health.report(False)
+        with pytest.raises(ServiceUnavailable):
+            await health.require()  # known down: refused without a call
+        await asyncio.sleep(0.02)
+        await health.require()  # past the recheck: the ping answered
+        await health.reserve(pending_of(make_response()), 1)
     finally:
         await store.aclose()
 
