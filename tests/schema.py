@@ -9,7 +9,9 @@ they would be against the OpenAPI document: the JSON as the client reads it, no 
 
 ``assert_schema(name, obj)`` validates against one component schema; ``assert_event(event)`` against
 the streaming event component whose ``type`` is the event's. A missing component or event schema
-fails the check: it never skips and never passes by default.
+fails the check: it never skips and never passes by default. (Three unions of the document,
+``ItemField``, ``ItemParam`` and ``TextFormatParam``, were inlined by the generator where they are
+used: they are checked there, and asking for one by name fails.)
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ SERVER_SENT = ("ResponseResource", "CompactResource", "ErrorPayload", "WebSocket
 # of the optional fields in what the server sends, it lets only the WebSocket error's ``param`` be
 # null. So there the null is dropped, and ``"logprobs": null`` on an output text part still fails.
 # (Request-side schemas keep it: there the document makes most optional fields nullable.)
-NULLABLE_OPTIONAL = {("Error", "param")}
+NULLABLE_OPTIONAL = {("Error", "param")}  # (model, field): the model ``Error`` is that payload
 
 
 @cache
