@@ -90,6 +90,8 @@ class GatewayApp(FastAPI):
     """FastAPI for every route, except ``POST /v1/responses``: the hot path goes straight to its
     ASGI handler, skipping the middleware stack's per-``send`` wrappers (each SSE event is a send)."""
 
+    fixed_paths: dict[str, list[str]]  # set by create_app once the routes are in (``fixed_paths``)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # a WebSocket holds the live gateway per turn (gateway/api/ws.py)
             if scope["type"] == "websocket" and scope["path"] in HOT_PATHS:
@@ -123,6 +125,10 @@ class GatewayApp(FastAPI):
                     await error_response(ServerError("The gateway hit an unexpected error."))(
                         scope, receive, send
                     )
+            return
+        allowed = self.fixed_paths.get(scope["path"])
+        if allowed is not None and scope["method"] not in allowed:
+            await method_not_allowed(scope["method"], allowed)(scope, receive, send)
             return
         tracer: Tracer = getattr(self.state, "tracer", NOOP_TRACER)
         if tracer.enabled and scope["type"] == "http" and scope["path"] not in UNTRACED:
@@ -161,6 +167,17 @@ def method_not_allowed(method: str, allowed: Iterable[str]) -> Response:
     """405 with the ``Allow`` header RFC 9110 requires."""
     err = InvalidRequest(f"Method {method} is not allowed here.", code=ErrorCode.METHOD_NOT_ALLOWED)
     return error_response(err, {"allow": ", ".join(allowed)})
+
+
+def fixed_paths(app: FastAPI) -> dict[str, list[str]]:
+    """The methods of each route path without parameters (``/v1/responses/compact``). Such a path
+    is its routes' whatever the method: another method is refused 405, never handed to a route with
+    a parameter that matches it too (``GET /v1/responses/{response_id}`` with the id "compact")."""
+    methods: dict[str, set[str]] = {}
+    for route in app.router.routes:
+        if isinstance(route, Route) and route.methods and not route.param_convertors:
+            methods.setdefault(route.path, set()).update(route.methods)
+    return {path: sorted(allowed) for path, allowed in methods.items()}
 
 
 def allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
@@ -232,6 +249,7 @@ def create_app(
     app.add_route("/readyz", ops.readyz, methods=["GET"])
     app.add_route("/metrics", ops.metrics, methods=["GET"])
     app.add_route("/admin/reload", admin.reload_config, methods=["POST"])
+    app.fixed_paths = fixed_paths(app)
 
     async def http_exception(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

@@ -14,6 +14,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gateway.api.encode import json_bytes
+from gateway.api.server_protocol import LATE_BODY
 from gateway.engine.telemetry import NOOP_SPAN, Span, turn_attributes
 from gateway.engine.validate import parse_json
 from gateway.kernel.errors import GatewayError, InvalidRequest, PayloadTooLarge
@@ -69,6 +70,9 @@ async def read_body(request: Request, limit: int) -> bytes:
                 raise PayloadTooLarge(f"The request body exceeds the limit of {limit} bytes.")
             chunks.append(chunk)
     except ClientDisconnect:
+        late = request.scope.get(LATE_BODY)  # the connection answered 408 already: it is logged so
+        if isinstance(late, GatewayError):
+            raise late from None
         raise InvalidRequest("The client disconnected while sending the request.") from None
     return b"".join(chunks)
 

@@ -43,6 +43,9 @@ OPEN, HEAD, BODY, IDLE, CLOSED = "open", "head", "body", "idle", "closed"
 READ_SIZE = 256 * 1024  # the most one read of the event loop hands over
 LINGER_SECONDS = 2.0  # after a refusal: reading (and dropping) what the client still sends, so
 # that closing with unread data does not reset the connection before the client reads the answer
+# The ASGI scope key of a request whose body was late: the 408 it was answered, for its handler to
+# log (its read of the body ends as a disconnect).
+LATE_BODY = "gateway.late_body"
 
 
 def refusal(code: ErrorCode, message: str) -> InvalidRequest:
@@ -110,10 +113,12 @@ class BoundedReads(asyncio.Protocol):
         """Whether a refusal can still be written: no response of this connection is under way."""
         raise NotImplementedError
 
-    def _cut_request(self) -> None:
-        """The request whose body was late: its handler's next ``receive`` says the client is gone,
-        and nothing it sends is written."""
+    def _cut_request(self, err: GatewayError) -> None:
+        """The request whose body was late (answered ``err``): its handler's next ``receive`` says
+        the client is gone, its scope holds ``err`` under ``LATE_BODY``, and nothing it sends is
+        written."""
         cycle = self.cycle
+        cycle.scope[LATE_BODY] = err
         cycle.waiting_for_100_continue = False
         cycle.disconnected = True
         cycle.message_event.set()
@@ -137,7 +142,9 @@ class BoundedReads(asyncio.Protocol):
                 self._tail, data, limit - self._head_bytes + len(data)
             ):
                 message = f"The request headers exceed {limit} bytes."
-                self._refuse(ErrorCode.REQUEST_HEADERS_TOO_LARGE, message, received_bytes=self._head_bytes)
+                self._refuse(
+                    refusal(ErrorCode.REQUEST_HEADERS_TOO_LARGE, message), received_bytes=self._head_bytes
+                )
                 return
         super().data_received(data)
         self._parsed()
@@ -198,18 +205,19 @@ class BoundedReads(asyncio.Protocol):
             self._detach()
             self.transport.close()
             return
-        if phase is BODY:
-            self._cut_request()
         message = f"The request {'headers' if phase is HEAD else 'body'} did not arrive within {seconds:g} s."
-        self._refuse(ErrorCode.REQUEST_TIMEOUT, message, phase=phase)
+        err = refusal(ErrorCode.REQUEST_TIMEOUT, message)
+        if phase is BODY:
+            self._cut_request(err)
+        self._refuse(err, phase=phase)
 
-    def _refuse(self, code: ErrorCode, message: str, **fields: Any) -> None:
+    def _refuse(self, err: GatewayError, **fields: Any) -> None:
         """Answer the error, then close: at once when the client has closed its side, else after a
         short linger that reads and drops what it still sends."""
-        log.warning("request_refused", status=code.status, code=code, **fields)
+        log.warning("request_refused", status=err.status, code=err.code, **fields)
         self._detach()
         transport = self.transport
-        transport.write(refusal_bytes(refusal(code, message), self.server_state.default_headers))
+        transport.write(refusal_bytes(err, self.server_state.default_headers))
         if transport.can_write_eof():
             transport.write_eof()
         self._timer = self.loop.call_later(LINGER_SECONDS, transport.abort)

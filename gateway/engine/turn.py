@@ -112,6 +112,7 @@ class Turn:
         "_hooks",
         "_hooks_done",
         "_label",
+        "_opening",
         "_reading",
         "_stop",
         "_stream",
@@ -166,6 +167,7 @@ class Turn:
         # a stop was asked for: with this incomplete_details.reason, or a failure (``abort``)
         self._stop: str | GatewayError | None = None
         self._decided = False  # the stream loop is over: a stop can no longer change the outcome
+        self._opening = False  # the turn is opening: awaiting the upstream's first delta (or a backoff)
         self._reading = False  # the relay is awaiting the upstream's next delta
         self._cut = False  # the stop cancelled that await
         self._task: asyncio.Task[Any] | None = None
@@ -196,17 +198,20 @@ class Turn:
 
     def abort(self, error: GatewayError) -> bool:
         """End the response now as ``failed`` with ``error`` (the gateway's drain deadline has
-        come): at once while the relay waits on the upstream, else at its next delta, a function
-        call's arguments included; then the upstream call is cancelled and the client gets the
-        error and ``response.failed``. False: too late, the outcome is already decided."""
+        come): at once while the relay waits on the upstream (its first delta too: the response
+        then starts, to fail at once), else at its next delta, a function call's arguments
+        included; then the upstream call is cancelled and the client gets the error and
+        ``response.failed``. False: too late, the outcome is already decided."""
         if self._decided:
             return False
         self._stop = error
-        self._cut_wait()
+        self._cut_wait(opening=True)
         return True
 
-    def _cut_wait(self) -> None:
-        if self._reading and self._task is not None and not self._cut:
+    def _cut_wait(self, opening: bool = False) -> None:
+        """Cancel the await on the upstream: the relay's, and with ``opening`` the opening's."""
+        waiting = self._reading or (opening and self._opening)
+        if waiting and self._task is not None and not self._cut:
             self._cut = True
             self._task.cancel()  # the await on the upstream; caught in _events
 
@@ -223,13 +228,21 @@ class Turn:
         answered, before the first event (an SSE response sends its headers there). Raises the
         ``GatewayError`` of a turn that fails before its first event; otherwise returns the result."""
         try:
+            self._task = asyncio.current_task()
+            self._opening = True
             try:
                 await self._open()
+            except asyncio.CancelledError:
+                if not self._own_cut():
+                    raise
+                # aborted while opening: the response starts, and fails at once (``_events``)
             except GatewayError as exc:
                 self.result.error = exc
                 self.result.status = "failed"
                 await self._end()
                 raise
+            finally:
+                self._opening = False
             if opened is not None:
                 await opened()
             async with aclosing(self._events()) as events:
@@ -402,7 +415,9 @@ class Turn:
                         for ev in self._feed(first):
                             yield ev
                             count += 1
-                if self._stream is not None and not stopped:
+                if self._stream is None and self._first is None and self._stop is not None:
+                    stopped = True  # aborted before the upstream's first delta: nothing was opened
+                elif self._stream is not None and not stopped:
                     if self._stop is not None and self._stop_now():
                         stopped = True
                     else:

@@ -21,12 +21,25 @@ from tests.harness import ServedApp
         ("PUT", "/v1/responses/resp_abc", "DELETE, GET, HEAD"),  # both routes on the path
         ("POST", "/v1/responses/resp_abc/input_items", "GET, HEAD"),
         ("POST", "/v1/models", "GET, HEAD"),
+        # A fixed path is its route's whatever the method: never the id "compact" of the routes on
+        # /v1/responses/{response_id}.
+        ("GET", "/v1/responses/compact", "POST"),
+        ("HEAD", "/v1/responses/compact", "POST"),
+        ("DELETE", "/v1/responses/compact", "POST"),
+        ("PUT", "/v1/responses/compact", "POST"),
+        ("DELETE", "/v1/usage", "GET, HEAD"),
+        ("POST", "/healthz", "GET, HEAD"),
+        ("POST", "/readyz", "GET, HEAD"),
+        ("PUT", "/metrics", "GET, HEAD"),
+        ("GET", "/admin/reload", "POST"),
     ],
 )
 def test_405_names_the_allowed_methods(gateway: ServedApp, method: str, path: str, allow: str) -> None:
     r = httpx.request(method, gateway.base_url + path, timeout=10)
     assert r.status_code == 405
     assert r.headers["allow"] == allow
+    if method == "HEAD":  # no body: the status and Allow are all of it
+        return
     error = r.json()["error"]
     assert set(error) == {"type", "code", "message", "param"}
     assert error["code"] == "method_not_allowed" and method in error["message"]

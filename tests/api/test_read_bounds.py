@@ -10,10 +10,14 @@ import socket
 import subprocess
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
+from structlog.testing import capture_logs
 
 from gateway.api.server_protocol import H11Bounded, bounded_protocol
 from gateway.app import create_app
@@ -26,25 +30,47 @@ LIMITS = {"max_header_bytes": MAX_HEAD, "header_read_seconds": 0.5, "body_read_s
 WAIT = 10.0  # the most any answer here may take (the timeouts are 0.5 s)
 
 
+@dataclass
+class Bounded:
+    """The served gateway: its port, and its access-log lines (``"request"``) so far."""
+
+    port: int
+    access_lines: Callable[[], list[dict[str, Any]]]
+
+
 @pytest.fixture(scope="module", params=["cli-httptools", "h11"])
-def port(request: pytest.FixtureRequest) -> Iterator[int]:
+def bounded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bounded]:
     if request.param == "h11":
         settings = Settings(limits=LIMITS)
-        served = ServedApp(create_app(settings), http=bounded_protocol(settings.limits, H11Bounded)).start()
-        try:
-            yield served.port
-        finally:
-            served.stop()
+        protocol = bounded_protocol(settings.limits, H11Bounded)
+        with capture_logs() as captured:
+            served = ServedApp(create_app(settings), http=protocol).start()
+            try:
+                yield Bounded(served.port, lambda: [e for e in captured if e["event"] == "request"])
+            finally:
+                served.stop()
         return
     port = free_port()
     env = {**os.environ, **{f"GATEWAY_LIMITS__{k.upper()}": str(v) for k, v in LIMITS.items()}}
-    proc = serve_cli(port, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_until_up(proc, port)
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+    log = tmp_path_factory.mktemp("read-bounds") / "gateway.log"
+    with log.open("wb") as stderr:
+        proc = serve_cli(port, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        try:
+            wait_until_up(proc, port)
+            yield Bounded(port, lambda: json_log_events(log, "request"))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
+
+
+def json_log_events(log: Path, name: str) -> list[dict[str, Any]]:
+    lines = [orjson.loads(ln) for ln in log.read_bytes().splitlines() if ln.startswith(b"{")]
+    return [ln for ln in lines if ln.get("event") == name]
+
+
+@pytest.fixture
+def port(bounded: Bounded) -> int:
+    return bounded.port
 
 
 def connect(port: int) -> socket.socket:
@@ -185,19 +211,27 @@ def test_a_head_must_arrive_in_time(port: int) -> None:
 
 
 @pytest.mark.parametrize("trickle", [False, True], ids=["stalled", "trickled"])
-def test_a_body_must_arrive_in_time(port: int, trickle: bool) -> None:
+def test_a_body_must_arrive_in_time(bounded: Bounded, trickle: bool) -> None:
     body = orjson.dumps({"model": "mock", "input": "hi " * 100, "store": False})
     head = b"POST /v1/responses HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-    with connect(port) as sock:
+    request_id = f"req-late-body-{trickle}"
+    late = head + b"X-Request-Id: %s\r\nContent-Length: %d\r\n\r\n" % (request_id.encode(), len(body))
+    with connect(bounded.port) as sock:
         sock.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
         assert read_response(sock)[0] == 200  # a whole body: served
-        sock.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body[:10])
+        sock.sendall(late + body[:10])
         for i in range(10, len(body) if trickle else 10):
             sock.sendall(body[i : i + 1])
             if select.select([sock], [], [], 0.05)[0]:
                 break
         assert_error(read_response(sock), 408, "request_timeout")
         assert_closed(sock)
+    # The request's access-log line says what the client got: 408, not the 400 of a client gone.
+    deadline = time.monotonic() + WAIT
+    while not (logged := [e for e in bounded.access_lines() if e.get("request_id") == request_id]):
+        assert time.monotonic() < deadline, "the late request was never logged"
+        time.sleep(0.05)
+    assert [(e["status"], e["error_code"]) for e in logged] == [(408, "request_timeout")]
 
 
 def test_a_silent_connection_is_closed(port: int) -> None:

@@ -1,4 +1,4 @@
-"""A served gateway's streams against the dated OpenAPI document: every SSE and WebSocket event
+"""A served gateway's streams against the dated spec's schemas: every SSE and WebSocket event
 against the streaming event schema of its ``type``, every response body against ResponseResource (an
 unstreamed failure's error against ErrorPayload),
 WebSocket error envelopes against WebSocketErrorEvent. Upstreams: the built-in ``mock`` model, and

@@ -1,5 +1,5 @@
 """Every event the ResponseBuilder can emit, and every ResponseResource it ends with, is valid against
-the dated OpenAPI document: each event against the streaming event schema of its ``type``."""
+the dated spec's schemas (tests/schema.py): each event against the streaming event schema of its ``type``."""
 
 from __future__ import annotations
 

@@ -173,6 +173,56 @@ async def test_abort_cuts_even_a_call_in_progress_and_fails() -> None:
     assert not turn.abort(ServiceUnavailable("again"))  # decided
 
 
+async def test_abort_while_the_upstream_holds_its_first_delta_starts_and_fails_the_response() -> None:
+    adapter = Gated([], [TextDelta("never"), Finish("stop")])  # nothing before the gate
+    turn = make_turn(route(adapter))
+    events: list[Event] = []
+
+    async def emit(event: Event) -> None:
+        events.append(event)
+
+    task = asyncio.create_task(turn.run(emit))
+    await asyncio.sleep(0.05)  # opening: waiting on the upstream's first delta
+    assert not events
+    assert turn.abort(ServiceUnavailable("shutting down"))
+    result = await asyncio.wait_for(task, 5)  # cut at once, the gate never opened
+    assert [e["type"] for e in events] == [
+        "response.created",
+        "response.in_progress",
+        "error",
+        "response.failed",
+    ]
+    assert result.status == "failed" and result.started and adapter.closed == 1
+    assert result.error is not None and result.error.code == "service_unavailable"
+    assert result.output == []
+    assert not turn.abort(ServiceUnavailable("again"))  # decided
+
+
+async def test_a_steer_while_opening_waits_for_the_first_delta() -> None:
+    adapter = Gated([], [TextDelta("x"), Finish("stop")])
+    turn = make_turn(route(adapter))
+    task = asyncio.create_task(turn.run())
+    await asyncio.sleep(0.05)
+    assert turn.stop("steered")  # not a cut: only an abort ends the opening
+    await asyncio.sleep(0.05)
+    assert not task.done()
+    adapter.gate.set()
+    result = await asyncio.wait_for(task, 5)
+    assert result.status == "incomplete" and result.output == []
+
+
+async def test_a_real_cancellation_while_opening_goes_on() -> None:
+    adapter = Gated([], [Finish("stop")])
+    turn = make_turn(route(adapter))
+    task = asyncio.create_task(turn.run())
+    await asyncio.sleep(0.05)
+    turn.abort(ServiceUnavailable("shutting down"))
+    task.cancel()  # the client left at the same moment
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert turn.result.status == "cancelled" and adapter.closed == 1
+
+
 async def test_stop_before_the_first_delta_ends_at_it() -> None:
     turn = make_turn(
         route(Scripted([TextDelta("x"), Usage(input_tokens=1, output_tokens=1), Finish("stop")]))
