@@ -10,7 +10,7 @@ Every call sends the request's id as ``X-Request-Id`` (and, with tracing on, the
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 import orjson
@@ -31,6 +31,17 @@ from gateway.kernel.ids import safe_id
 from gateway.kernel.settings import ProviderSettings
 
 __all__ = ["EventReader", "HTTPStreamAdapter", "StreamTranslator", "json_object", "merge_ready"]
+
+
+def one_per_name(*layers: Mapping[str, str]) -> dict[str, str]:
+    """Request headers from ``layers``, a later one's value replacing an earlier one's under the
+    same name in any case (a config ``headers: {Authorization: …}`` replaces the provider's
+    ``authorization``), so that no header is sent twice."""
+    merged: dict[str, str] = {}
+    for layer in layers:
+        for name, value in layer.items():
+            merged[name.lower()] = value
+    return merged
 
 
 class StreamTranslator(Protocol):
@@ -80,9 +91,9 @@ class HTTPStreamAdapter(Generic[T]):
         self._owns_client = client is None
         self._base = settings.resolved_base_url()
         self._url = self._base + self.path
-        fixed = {**self.provider_headers(settings.resolved_api_key()), **settings.headers}
-        self._headers = {"accept": "text/event-stream", **fixed}
-        self._json_headers = {"accept": "application/json", **fixed}
+        fixed = (self.provider_headers(settings.resolved_api_key()), settings.headers)
+        self._headers = one_per_name({"accept": "text/event-stream"}, *fixed)
+        self._json_headers = one_per_name({"accept": "application/json"}, *fixed)
 
     # -- what a provider states --------------------------------------------------------------
     def provider_headers(self, key: str | None) -> dict[str, str]:

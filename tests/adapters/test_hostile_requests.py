@@ -35,6 +35,7 @@ class RecordingGemini:
     SSE chunk for ``alt=sse``, else JSON)."""
 
     lines: list[bytes] = field(default_factory=list)
+    heads: list[list[bytes]] = field(default_factory=list)  # each request's header lines
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -42,6 +43,7 @@ class RecordingGemini:
                 head = await reader.readuntil(b"\r\n\r\n")
                 line, _, rest = head.partition(b"\r\n")
                 self.lines.append(line)
+                self.heads.append(rest.rstrip(b"\r\n").split(b"\r\n"))
                 length = next(
                     (
                         int(h.split(b":", 1)[1])
@@ -82,7 +84,16 @@ async def upstream() -> AsyncIterator[tuple[RecordingGemini, LoopbackServer]]:
 def gateway(upstream: tuple[RecordingGemini, LoopbackServer]) -> Iterator[ServedApp]:
     _, server = upstream
     settings = {
-        "providers": {"gem": {"kind": "gemini", "base_url": f"{server.url}/v1beta", "api_key": KEY}},
+        "providers": {
+            "gem": {"kind": "gemini", "base_url": f"{server.url}/v1beta", "api_key": KEY},
+            # the operator's headers, named in another case than the adapter's own
+            "gem2": {
+                "kind": "gemini",
+                "base_url": f"{server.url}/v1beta",
+                "api_key": KEY,
+                "headers": {"X-Goog-Api-Key": "AIza-OTHER-KEY", "Accept": "application/json"},
+            },
+        },
         "models": {},
     }
     with serve(settings) as served:
@@ -92,6 +103,7 @@ def gateway(upstream: tuple[RecordingGemini, LoopbackServer]) -> Iterator[Served
 @pytest.fixture
 def recorder(upstream: tuple[RecordingGemini, LoopbackServer]) -> RecordingGemini:
     upstream[0].lines.clear()
+    upstream[0].heads.clear()
     return upstream[0]
 
 
@@ -180,3 +192,20 @@ async def test_a_websocket_turn_gets_the_same_rule(gateway: ServedApp, recorder:
     assert recorder.lines == [
         b"POST /v1beta/models/..%2F..%2Fv1%2Ffiles:streamGenerateContent?alt=sse HTTP/1.1"
     ]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_config_header_replaces_the_adapters_own_in_any_case(
+    gateway: ServedApp, recorder: RecordingGemini, stream: bool
+) -> None:
+    """A header is sent once: the operator's ``X-Goog-Api-Key`` replaces the adapter's
+    ``x-goog-api-key`` (two keys on one request before), its ``Accept`` the adapter's ``accept``."""
+    response = await _create(gateway, "gem2/gemini-2.0-flash", stream=stream)
+    assert response.status_code == 200, response.text
+    (head,) = recorder.heads
+    pairs = [h.split(b":", 1) for h in head]
+    names = [name.lower() for name, _ in pairs]
+    assert len(names) == len(set(names)), head
+    sent = {name.lower(): value.strip() for name, value in pairs}
+    assert sent[b"x-goog-api-key"] == b"AIza-OTHER-KEY"
+    assert sent[b"accept"] == b"application/json"
