@@ -30,7 +30,7 @@ from types import FrameType
 
 import structlog
 
-from gateway import metrics
+from gateway.observability import observer as metrics
 
 log = structlog.get_logger("gateway.supervisor")
 

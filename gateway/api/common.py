@@ -20,7 +20,7 @@ from gateway.engine.validate import parse_json
 from gateway.kernel.errors import GatewayError, InvalidRequest, PayloadTooLarge
 from gateway.kernel.ids import new_id, safe_id
 from gateway.kernel.settings import Limits
-from gateway.metrics import Metrics
+from gateway.observability.observer import Metrics
 
 if TYPE_CHECKING:
     from gateway.engine.auth import Principal

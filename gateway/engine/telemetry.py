@@ -1,6 +1,6 @@
 """The engine's telemetry interface: what the turn, the store and the limiter report (``Observer``:
 metrics) and the spans they open (``Tracer``: tracing). Both are no-ops by default and cost about a
-method call; the app installs real ones (``gateway/metrics.py``, ``gateway/tracing.py``).
+method call; the app installs real ones (``gateway/observability/``).
 
 Nothing here (and nothing a caller passes) may carry message content: spans get ids, names,
 counts, codes and timings only.
@@ -64,7 +64,7 @@ def upstream_outcome(exc: BaseException | None) -> str:
 
 
 class Observer:
-    """The engine's metrics sink (a no-op; ``gateway.metrics.Metrics`` is the real one)."""
+    """The engine's metrics sink (a no-op; ``gateway.observability.observer.Metrics`` is the real one)."""
 
     def upstream_attempt(self, target: Deployment, outcome: str, seconds: float) -> None:
         """One upstream attempt ended (``outcome``: see ``upstream_outcome``)."""
@@ -131,7 +131,8 @@ NOOP_SPAN = Span()
 
 
 class Tracer:
-    """A no-op tracer (``gateway.tracing.OtelTracer`` is the real one): every span is ``NOOP_SPAN``."""
+    """A no-op tracer (``gateway.observability.tracing.OtelTracer`` is the real one): every span is
+    ``NOOP_SPAN``."""
 
     enabled = False
 
