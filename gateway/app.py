@@ -20,7 +20,6 @@ from compact.inline import compact_inline
 from compact.opener import Opener
 from compact.seal import Sealer
 from compact.truncation import fit_context
-from gateway import tracing
 from gateway.api import admin, compact, http, ops, stored, usage
 from gateway.api.common import error_response
 from gateway.api.inflight import InFlight
@@ -34,7 +33,8 @@ from gateway.engine.routing import Router
 from gateway.engine.telemetry import NOOP_OBSERVER, NOOP_TRACER, Observer, Tracer
 from gateway.kernel.errors import ErrorCode, GatewayError, InvalidRequest, NotFound, ServerError
 from gateway.kernel.settings import Settings, load_settings
-from gateway.metrics import Metrics
+from gateway.observability import tracing
+from gateway.observability.observer import Metrics
 from state.factory import create_ledger, create_limiter, create_store
 
 log = structlog.get_logger("gateway.app")

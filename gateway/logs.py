@@ -4,8 +4,8 @@ names, counts and timings — never message content, upstream URLs, keys or upst
 The gateway's own lines come from structlog; the standard-``logging`` ones (the state stores,
 uvicorn, asyncio, ``warnings``) reach the root handler, whose ``ProcessorFormatter`` renders them
 with the same renderer and a ``logger`` field. Uncaught exceptions are logged as well, not printed.
-With tracing on (``gateway/tracing.py``), every line written inside a span carries its ``trace_id``
-and ``span_id``.
+With tracing on (``gateway/observability/tracing.py``), every line written inside a span carries its
+``trace_id`` and ``span_id``.
 """
 
 from __future__ import annotations

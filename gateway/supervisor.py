@@ -30,7 +30,7 @@ from types import FrameType
 
 import structlog
 
-from gateway import metrics
+from gateway.observability.multiprocess import serve_port, stop_serving
 
 log = structlog.get_logger("gateway.supervisor")
 
@@ -121,12 +121,12 @@ class Supervisor:
         }
         listener = None
         if self.metrics_listener is not None:
-            listener = metrics.serve_port(*self.metrics_listener, path=self.metrics_dir)
+            listener = serve_port(*self.metrics_listener, path=self.metrics_dir)
         try:
             self._loop()
         finally:
             if listener is not None:
-                metrics.stop_serving(listener)
+                stop_serving(listener)
             for slot in self.slots:  # only on an error in the loop itself
                 if slot.proc is not None and slot.proc.poll() is None:
                     slot.proc.kill()

@@ -11,7 +11,7 @@ from gateway.api.encode import json_bytes
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.validate import compact_request
 from gateway.kernel.errors import GatewayError
-from gateway.metrics import Metrics
+from gateway.observability.observer import Metrics
 
 _SPAN_ATTRS = {
     "gen_ai.operation.name": "compact",

@@ -12,7 +12,7 @@ from gateway.api.common import error_response, json_response
 from gateway.engine.auth import Admin
 from gateway.engine.orchestrator import Gateway
 from gateway.kernel.errors import GatewayError, NotFound, PermissionDenied
-from gateway.metrics import CONTENT_TYPE, Metrics
+from gateway.observability.observer import CONTENT_TYPE, Metrics
 
 
 async def healthz(request: Request) -> Response:

@@ -39,7 +39,7 @@ from gateway.kernel.errors import (
     ServiceUnavailable,
 )
 from gateway.kernel.ids import new_id
-from gateway.metrics import Metrics
+from gateway.observability.observer import Metrics
 from state.connection import ConnectionCache
 
 log = structlog.get_logger("gateway.ws")

@@ -1,6 +1,7 @@
 """The engine's telemetry interface: what the turn, the store and the limiter report (``Observer``:
 metrics) and the spans they open (``Tracer``: tracing). Both are no-ops by default and cost about a
-method call; the app installs real ones (``gateway/metrics.py``, ``gateway/tracing.py``).
+method call; the app installs real ones (``gateway/observability/``), and the tracer names the spans'
+GenAI attributes (``gateway/observability/genai.py``): the engine passes its routes and deployments.
 
 Nothing here (and nothing a caller passes) may carry message content: spans get ids, names,
 counts, codes and timings only.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gateway.kernel.errors import (
     UpstreamConnectError,
@@ -22,24 +23,8 @@ from gateway.kernel.errors import (
 
 if TYPE_CHECKING:
     from gateway.engine.routing import Deployment, Route
-    from gateway.engine.turn import TurnResult
 
 Attr = str | bool | int | float | list[str]
-
-
-def provider_system(kind: str) -> str:
-    """``gen_ai.provider.name`` (OpenTelemetry's well-known values) of an adapter kind."""
-    return _SYSTEMS.get(kind, kind)
-
-
-_SYSTEMS = {
-    "openai_chat": "openai",
-    "openai_responses": "openai",
-    "openai-chat": "openai",
-    "openai-responses": "openai",
-    "anthropic": "anthropic",
-    "gemini": "gcp.gemini",
-}
 
 
 def upstream_outcome(exc: BaseException | None) -> str:
@@ -64,7 +49,7 @@ def upstream_outcome(exc: BaseException | None) -> str:
 
 
 class Observer:
-    """The engine's metrics sink (a no-op; ``gateway.metrics.Metrics`` is the real one)."""
+    """The engine's metrics sink (a no-op; ``gateway.observability.observer.Metrics`` is the real one)."""
 
     def upstream_attempt(self, target: Deployment, outcome: str, seconds: float) -> None:
         """One upstream attempt ended (``outcome``: see ``upstream_outcome``)."""
@@ -131,7 +116,8 @@ NOOP_SPAN = Span()
 
 
 class Tracer:
-    """A no-op tracer (``gateway.tracing.OtelTracer`` is the real one): every span is ``NOOP_SPAN``."""
+    """A no-op tracer (``gateway.observability.tracing.OtelTracer`` is the real one): every span is
+    ``NOOP_SPAN``."""
 
     enabled = False
 
@@ -146,55 +132,11 @@ class Tracer:
         """A span under the current one (``client``: an outgoing call)."""
         return NOOP_SPAN
 
+    def attempt(self, route: Route, target: Deployment, attempt: int, *, fallback: bool) -> Span:
+        """An upstream attempt's client span under the current one, with its GenAI attributes
+        (``attempt``: 0 for the first try on ``route``; ``fallback``: ``route`` is a fallback's)."""
+        return NOOP_SPAN
+
 
 NOOP_OBSERVER = Observer()
 NOOP_TRACER = Tracer()
-
-
-def turn_attributes(result: TurnResult) -> dict[str, Attr | None]:
-    """The GenAI attributes of a finished turn (only computed for a recording span)."""
-    resource = result.resource
-    attrs: dict[str, Attr | None] = {
-        "gen_ai.response.id": resource.get("id"),
-        "gen_ai.response.model": resource.get("model"),
-        "gateway.provider": result.provider,
-        "gen_ai.provider.name": _system_of(result),
-        "gateway.response.status": result.status,
-    }
-    usage: Mapping[str, Any] | None = result.usage
-    if usage:
-        attrs["gen_ai.usage.input_tokens"] = usage.get("input_tokens")
-        attrs["gen_ai.usage.output_tokens"] = usage.get("output_tokens")
-    reasons = _finish_reasons(resource, result.status)
-    if reasons:
-        attrs["gen_ai.response.finish_reasons"] = reasons
-    if result.error is not None:
-        attrs["error.type"] = result.error.code or type(result.error).__name__
-    return attrs
-
-
-def route_system(target: Deployment | Route) -> str:
-    """``gen_ai.provider.name`` of a deployment's (or a route's first deployment's) adapter: its
-    provider's kind."""
-    settings = getattr(target.adapter, "settings", None)
-    return provider_system(str(getattr(settings, "kind", target.provider)))
-
-
-def _system_of(result: TurnResult) -> str | None:
-    """The answering provider's ``gen_ai.provider.name``: the primary route's or a fallback's."""
-    primary = result.route
-    for route in (primary, *primary.fallbacks):
-        for target in route.deployments:
-            if target.name == result.deployment:
-                return route_system(target)
-    return None
-
-
-def _finish_reasons(resource: Mapping[str, Any], status: str) -> list[str]:
-    if status == "incomplete":
-        details = resource.get("incomplete_details") or {}
-        return [str(details.get("reason") or "incomplete")]
-    if status == "completed":
-        calls = any(i.get("type") == "function_call" for i in resource.get("output", ()))
-        return ["tool_calls" if calls else "stop"]
-    return [status] if status in ("failed", "cancelled") else []

@@ -40,12 +40,10 @@ from gateway.engine.context import Context
 from gateway.engine.routing import Deployment, Route
 from gateway.engine.telemetry import (
     NOOP_OBSERVER,
-    NOOP_SPAN,
     NOOP_TRACER,
     Observer,
     Span,
     Tracer,
-    route_system,
     upstream_outcome,
 )
 from gateway.kernel.errors import ErrorCode, GatewayError, ServerError, UpstreamError
@@ -320,7 +318,7 @@ class Turn:
                 bound = structlog.contextvars.bind_contextvars(deployment=target.name)
                 if self._label is None:
                     self._label = bound["deployment"]
-                span = self._attempt_span(route, target, attempt, route is not primary)
+                span = self.tracer.attempt(route, target, attempt, fallback=route is not primary)
                 if span.recording:  # the upstream call names its span (W3C traceparent)
                     request = dataclasses.replace(request, trace_headers=span.trace_headers())
                 tried_on = balancer.start(index)
@@ -511,25 +509,6 @@ class Turn:
             case Finish(reason="tool_calls") if self._dropped:
                 delta = Finish("stop")
         return self.builder.feed(delta)
-
-    def _attempt_span(self, route: Route, target: Deployment, attempt: int, fallback: bool) -> Span:
-        tracer = self.tracer
-        if not tracer.enabled:
-            return NOOP_SPAN
-        return tracer.child(
-            f"chat {target.upstream_model}",
-            {
-                "gen_ai.operation.name": "chat",
-                "gen_ai.provider.name": route_system(target),
-                "gen_ai.request.model": target.upstream_model,
-                "gateway.model": route.model,
-                "gateway.provider": target.provider,
-                "gateway.deployment": target.name,
-                "gateway.attempt": attempt + 1,
-                "gateway.fallback": fallback,
-            },
-            client=True,
-        )
 
     async def _close(self) -> None:
         if self._stream is not None:

@@ -13,7 +13,8 @@ from websockets.exceptions import InvalidStatus
 
 from gateway.kernel.errors import ErrorCode
 from gateway.kernel.settings import Settings
-from gateway.metrics import OTHER, Metrics
+from gateway.observability.families import OTHER
+from gateway.observability.observer import Metrics
 from tests.fakes.openai_chat import FakeOpenAIChat, smart_reply
 from tests.harness import ServedApp, free_port, serve_gateway
 from tests.helpers import TWO_TENANTS, A, B, fake_fixtures

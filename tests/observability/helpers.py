@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from gateway.app import create_app
 from gateway.kernel.settings import Settings
-from gateway.tracing import OtelTracer
+from gateway.observability.tracing import OtelTracer
 from tests.harness import ServedApp
 
 CLIENT_TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -1,7 +1,7 @@
 """Metrics across processes: two real ``python -m gateway serve`` processes share one
 PROMETHEUS_MULTIPROC_DIR (as ``serve --workers`` workers do); a scrape of either renders both,
-as does ``gateway.metrics.serve_port`` (the supervisor's listener); a worker marked dead leaves
-its counts but not its live gauges."""
+as does ``gateway.observability.multiprocess.serve_port`` (the supervisor's listener); a worker
+marked dead leaves its counts but not its live gauges."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from prometheus_client import multiprocess
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.sync.client import connect
 
-from gateway.metrics import serve_port, stop_serving
+from gateway.observability.multiprocess import serve_port, stop_serving
 from tests.api.helpers import cli_env, serve_cli, wait_until_up
 from tests.harness import free_port
 from tests.observability.helpers import dashboard_queries, metric_names

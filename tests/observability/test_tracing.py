@@ -18,7 +18,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from gateway.engine.telemetry import NOOP_TRACER
 from gateway.kernel.settings import Settings
-from gateway.tracing import wanted
+from gateway.observability.tracing import wanted
 from tests.fakes.openai_chat import FakeOpenAIChat, Reply
 from tests.fakes.server import unused_port
 from tests.harness import ServedApp

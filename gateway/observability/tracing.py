@@ -28,10 +28,13 @@ from gateway import __version__
 from gateway.engine.telemetry import NOOP_TRACER, Attr, Span, Tracer
 from gateway.kernel.settings import Settings
 from gateway.logs import enable_trace_ids
+from gateway.observability.genai import attempt_span
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
+
+    from gateway.engine.routing import Deployment, Route
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _ON = ("otlp", "console")
@@ -166,6 +169,10 @@ class OtelTracer(Tracer):
     def child(self, name: str, attributes: Mapping[str, Attr | None], *, client: bool = False) -> Span:
         kind = SpanKind.CLIENT if client else SpanKind.INTERNAL
         return OtelSpan(self._tracer.start_span(name, kind=kind, attributes=_clean(attributes)))
+
+    def attempt(self, route: Route, target: Deployment, attempt: int, *, fallback: bool) -> Span:
+        name, attributes = attempt_span(route, target, attempt, fallback=fallback)
+        return self.child(name, attributes, client=True)
 
     async def aclose(self) -> None:
         """Export what is pending and stop (it may wait on the exporter: off the loop)."""
