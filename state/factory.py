@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from gateway.kernel.settings import StateSettings
 from state.base import ResponseStore
-from state.limits import Limiter, MemoryLimiter
+from state.limits.base import Limiter
+from state.limits.memory import MemoryLimiter
 from state.memory import MemoryStore
 from state.topology import Topology
 from state.usage import MemoryLedger, UsageLedger
@@ -47,7 +48,7 @@ def create_limiter(settings: StateSettings) -> Limiter:
     """The tenancy limits' counters: in Redis (shared by every replica) when ``redis_url`` is set,
     in the same topology as the store."""
     if settings.redis_url is not None:
-        from state.limits import RedisLimiter
+        from state.limits.redis import RedisLimiter
 
         return RedisLimiter(
             Topology.from_settings(settings),

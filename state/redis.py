@@ -23,7 +23,7 @@ from gateway.kernel.errors import ServiceUnavailable, chain_too_deep
 from state import codec
 from state.base import PendingResponse, StoredResponse
 from state.redis_client import Client, Script, bounded, connect, ping
-from state.resp import LeanRedis, pack_args
+from state.redis_lean import LeanRedis, pack_args
 from state.topology import Topology
 
 T = TypeVar("T")

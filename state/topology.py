@@ -24,7 +24,7 @@ class Topology:
 
     @property
     def lean(self) -> bool:
-        """The lean client (``state/resp.py``) can talk to it: standalone, without TLS."""
+        """The lean client (``state/redis_lean.py``) can talk to it: standalone, without TLS."""
         return self.mode == "standalone" and not self.url.startswith("rediss://")
 
     @classmethod

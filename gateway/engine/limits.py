@@ -2,7 +2,7 @@
 call and its settlement at the end of the turn, the refusals and the ``x-ratelimit-*`` headers.
 
 A key's limits (``auth.api_keys[].limits``) and its tenant's (``tenants.<name>.limits``) both apply,
-so the stricter wins; a budget is the tenant's. The counters live in ``state/limits.py`` (in process,
+so the stricter wins; a budget is the tenant's. The counters live in ``state/limits/`` (in process,
 or in Redis when ``state.redis_url`` is set, shared by every replica).
 
 Tokens are reserved, then settled: ``Gateway.prepare`` reserves the estimated input tokens
@@ -18,7 +18,7 @@ No charge without an outcome: an admission this process never learns the outcome
 task cancelled while it was in flight, a timeout, a lost connection: the command may still run on
 the server) is released in the background, and so is a settlement that failed sent again, while
 the limiter is down, until the lease's deadline (``_compensate``; the releases and settlements
-themselves apply at most once, ``state/limits.py``). A lease lasts its request's deadline (the
+themselves apply at most once, ``state/limits/base.py``). A lease lasts its request's deadline (the
 route's ``total_seconds``, twice for a compacting request, the socket's age limit and drain for a
 WebSocket connection) plus ``LEASE_MARGIN_SECONDS``.
 
@@ -47,7 +47,8 @@ from gateway.engine.telemetry import NOOP_OBSERVER, Observer
 from gateway.kernel.errors import QuotaExceeded, RateLimited, ServiceUnavailable
 from gateway.kernel.ids import new_id
 from gateway.kernel.settings import Settings, TenantSettings
-from state.limits import Check, Limiter, NotSent, Outcome
+from state.limits.base import Check, Limiter, Outcome
+from state.redis_lean import NotSent
 
 log = structlog.get_logger("gateway.engine.limits")
 
@@ -236,7 +237,7 @@ class TenantLimiter:
         remote the response does not wait for the round trip (a settlement only lowers a charge or
         releases a lease, so the next request seeing it a moment late is refused at worst, never
         admitted wrongly), and a settlement that fails is sent again while the limiter is down (a
-        settlement applies at most once: ``state/limits.py``). Safe to call from a cancelled task:
+        settlement applies at most once: ``state/limits/base.py``). Safe to call from a cancelled task:
         it never waits on the network."""
         if res.settled:
             return

@@ -41,7 +41,8 @@ from gateway.kernel.ids import response_id
 from gateway.kernel.settings import Settings
 from gateway.kernel.spec.request import CreateResponseBody
 from state.base import ConnectionCache, PendingResponse, ResponseStore, StoredResponse
-from state.limits import Check, Limiter, MemoryLimiter
+from state.limits.base import Check, Limiter
+from state.limits.memory import MemoryLimiter
 from state.usage import MemoryLedger, UsageLedger
 
 # Admits the request whose context is being compacted, before the summarizing call: its argument is

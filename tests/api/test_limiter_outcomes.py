@@ -1,4 +1,4 @@
-"""No limiter charge without an outcome (gateway/engine/limits.py, state/limits.py): clients that
+"""No limiter charge without an outcome (gateway/engine/limits.py, state/limits/): clients that
 leave while their admission is in flight, and a Redis frozen (SIGSTOP) during a burst, leave no
 lease, request count or token charge in Redis beyond what the served requests account for. Each
 test has a redis-server of its own, and reads its keys directly."""

@@ -1,4 +1,4 @@
-"""Tenancy limits and budgets (gateway/engine/limits.py, state/limits.py): in process and in a real
+"""Tenancy limits and budgets (gateway/engine/limits.py, state/limits/): in process and in a real
 Redis, one gateway and two gateway processes sharing one Redis, refusals, headers, outages."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from gateway.engine.routing import Router
 from gateway.engine.validate import create_request
 from gateway.kernel.errors import RateLimited, ServiceUnavailable
 from gateway.kernel.settings import Settings
-from state.limits import MemoryLimiter
+from state.limits.memory import MemoryLimiter
 from state.memory import MemoryStore
 
 

@@ -1,4 +1,4 @@
-"""The limit counters (state/limits.py): the same semantics in process and in Redis."""
+"""The limit counters (state/limits/): the same semantics in process and in Redis."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gateway.kernel.errors import ServiceUnavailable
-from state.limits import Check, Limiter, MemoryLimiter, RedisLimiter
+from state.limits.base import Check, Limiter
+from state.limits.memory import MemoryLimiter
+from state.limits.redis import RedisLimiter
 from tests.redis_server import delete_prefix, free_port, redis_url, unique_prefix
 from tests.state.conftest import REDIS_MODES, target_of
 
@@ -157,6 +159,6 @@ async def test_a_lease_lasts_its_own_deadline(limiter: Limiter) -> None:
 
 async def test_a_request_count_only_admission_is_not_settled() -> None:
     """Its record expires with its count (61 s): no settlement round trip is needed for it."""
-    from state.limits import needs_settling
+    from state.limits.base import needs_settling
 
     assert not needs_settling([RPM]) and needs_settling([RPM, TPM]) and needs_settling([CONC])

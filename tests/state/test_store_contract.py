@@ -18,7 +18,7 @@ from redis.asyncio.connection import AbstractConnection
 
 from gateway.kernel.errors import InvalidRequest, ServiceUnavailable
 from gateway.kernel.settings import StateSettings
-from state import codec, resp
+from state import codec, redis_lean
 from state.base import ResponseStore
 from state.factory import create_store
 from state.memory import MemoryStore
@@ -434,13 +434,13 @@ def round_trips(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
         await original(self, command, check_health)
 
     monkeypatch.setattr(AbstractConnection, "send_packed_command", counting)
-    lean_send = resp._Conn.send
+    lean_send = redis_lean._Conn.send
 
-    def lean_counting(self: resp._Conn, data: bytes) -> Any:  # the lean client (state/resp.py)
+    def lean_counting(self: redis_lean._Conn, data: bytes) -> Any:  # the lean client (state/redis_lean.py)
         sent.append(data)
         return lean_send(self, data)
 
-    monkeypatch.setattr(resp._Conn, "send", lean_counting)
+    monkeypatch.setattr(redis_lean._Conn, "send", lean_counting)
     return sent
 
 

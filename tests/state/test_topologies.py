@@ -16,7 +16,8 @@ from gateway.engine.store_health import StoreHealth
 from gateway.kernel.errors import ServiceUnavailable
 from gateway.kernel.settings import ConfigError, StateSettings, load_settings
 from state.factory import create_ledger, create_limiter, create_store
-from state.limits import Check, RedisLimiter
+from state.limits.base import Check
+from state.limits.redis import RedisLimiter
 from state.redis import RedisStore
 from state.redis_usage import RedisLedger
 from tests.redis_server import unique_prefix
