@@ -15,9 +15,10 @@ from starlette.responses import Response
 
 from gateway.api.encode import json_bytes
 from gateway.api.server_protocol import LATE_BODY
+from gateway.engine.limits import reset_text
 from gateway.engine.telemetry import NOOP_SPAN, Span, turn_attributes
 from gateway.engine.validate import parse_json
-from gateway.kernel.errors import GatewayError, InvalidRequest, PayloadTooLarge
+from gateway.kernel.errors import GatewayError, InvalidRequest, PayloadTooLarge, RateLimited, RateStanding
 from gateway.kernel.ids import new_id, safe_id
 from gateway.kernel.settings import Limits
 from gateway.metrics import Metrics
@@ -39,12 +40,35 @@ class RequestValidator(Protocol[M]):
 access_log = structlog.get_logger("gateway.access")
 
 
+# what the headers say of a dimension no limit applies to: no client's integer type overflows on it
+UNLIMITED = 2**31 - 1
+_UNLIMITED = str(UNLIMITED)
+
+
+def rate_limit_headers(standing: RateStanding | None) -> dict[str, str]:
+    """The six ``x-ratelimit-*`` headers of a gateway limit's figures (none when no per-minute
+    limit applies): for requests and for tokens, the limit, what is left and when it resets; a
+    dimension no limit applies to reads ``UNLIMITED`` with a reset of 0s."""
+    if standing is None:
+        return {}
+    headers: dict[str, str] = {}
+    for what, window in (("requests", standing.requests), ("tokens", standing.tokens)):
+        if window is None:
+            headers[f"x-ratelimit-limit-{what}"] = headers[f"x-ratelimit-remaining-{what}"] = _UNLIMITED
+            headers[f"x-ratelimit-reset-{what}"] = "0s"
+        else:
+            headers[f"x-ratelimit-limit-{what}"] = str(window.limit)
+            headers[f"x-ratelimit-remaining-{what}"] = str(window.remaining)
+            headers[f"x-ratelimit-reset-{what}"] = reset_text(window.reset_ms)
+    return headers
+
+
 def error_response(err: GatewayError, headers: dict[str, str] | None = None) -> Response:
     """``err`` as the spec's JSON error body; a rate limit also says when to come back (Retry-After,
-    in whole seconds: the upstream's own when it gave one)."""
-    extra = getattr(err, "headers", None)
-    if extra:
-        headers = {**(headers or {}), **extra}
+    in whole seconds: the upstream's own when it gave one) and, a gateway limit's, where the
+    request stood (the ``x-ratelimit-*`` headers)."""
+    if isinstance(err, RateLimited) and err.standing is not None:
+        headers = {**(headers or {}), **rate_limit_headers(err.standing)}
     retry_after = getattr(err, "retry_after", None)
     if retry_after is not None and err.status in (429, 503):
         headers = {**(headers or {}), "retry-after": str(max(1, math.ceil(retry_after)))}

@@ -6,7 +6,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from compact.service import Compactor
-from gateway.api.common import RequestLog, error_response, read_request
+from gateway.api.common import RequestLog, error_response, rate_limit_headers, read_request
 from gateway.api.encode import json_bytes
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.validate import compact_request
@@ -37,7 +37,7 @@ async def _compact(request: Request, gw: Gateway, rlog: RequestLog) -> Response:
         # counted against the limits first, even when there turns out to be nothing to summarize
         held = await gw.admit(principal, gw.route(body.model, principal))
         if held is not None:
-            headers.update(held.headers)
+            headers.update(rate_limit_headers(held.standing))
         try:
             result = await Compactor(gw).compact(body, principal, request_id=rlog.request_id)
         finally:

@@ -13,7 +13,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
-from gateway.api.common import RequestLog, error_response, read_request
+from gateway.api.common import RequestLog, error_response, rate_limit_headers, read_request
 from gateway.api.disconnect import DisconnectWatch
 from gateway.api.encode import SSE_DONE, json_bytes, sse_frame
 from gateway.api.frames import BodyWriter
@@ -65,9 +65,10 @@ async def _respond(
         rlog.routed = True
         turn.on_end(lambda result: rlog.turn_ended(metrics, result))
         extra = [(b"x-request-id", rlog.request_id.encode())]
-        if turn.rate_headers:
-            headers.update(turn.rate_headers)
-            extra += [(k.encode(), v.encode()) for k, v in turn.rate_headers.items()]
+        rate_headers = rate_limit_headers(turn.rate_standing)
+        if rate_headers:
+            headers.update(rate_headers)
+            extra += [(k.encode(), v.encode()) for k, v in rate_headers.items()]
         inflight: InFlight = request.app.state.inflight
         inflight.add(turn)
         try:

@@ -48,7 +48,7 @@ from gateway.engine.telemetry import (
     route_system,
     upstream_outcome,
 )
-from gateway.kernel.errors import ErrorCode, GatewayError, ServerError, UpstreamError
+from gateway.kernel.errors import ErrorCode, GatewayError, RateStanding, ServerError, UpstreamError
 from gateway.kernel.settings import RetrySettings
 from gateway.kernel.tool_choice import parse_tool_choice
 
@@ -123,7 +123,7 @@ class Turn:
         "compaction",
         "max_events",
         "observer",
-        "rate_headers",
+        "rate_standing",
         "request",
         "result",
         "tracer",
@@ -171,8 +171,8 @@ class Turn:
         self._reading = False  # the relay is awaiting the upstream's next delta
         self._cut = False  # the stop cancelled that await
         self._task: asyncio.Task[Any] | None = None
-        # the x-ratelimit-* headers of the admission (gateway/engine/limits.py), for the transport
-        self.rate_headers: dict[str, str] = {}
+        # the admission's per-minute figures (gateway/engine/limits.py): the transport's x-ratelimit-*
+        self.rate_standing: RateStanding | None = None
 
     @property
     def route(self) -> Route:
