@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import structlog
@@ -26,7 +27,8 @@ from gateway.metrics import Metrics
 if TYPE_CHECKING:
     from gateway.engine.auth import Principal
     from gateway.engine.orchestrator import Gateway
-    from gateway.engine.turn import TurnResult
+    from gateway.engine.telemetry import Attr, Tracer
+    from gateway.engine.turn import Turn, TurnResult
 
 M = TypeVar("M", bound=BaseModel, covariant=True)
 
@@ -126,6 +128,25 @@ class RequestLog:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
+
+    @contextmanager
+    def traced(
+        self, tracer: Tracer, name: str, headers: Mapping[str, str], attrs: Mapping[str, Attr | None]
+    ) -> Iterator[Span]:
+        """The request's server span (a no-op unless tracing is on), the child of the client's
+        ``traceparent``, for the ``with`` block; the log line tells it how the request ended."""
+        with tracer.server(name, headers, attrs) as span:
+            self.span = span
+            yield span
+
+    def routed_to(self, turn: Turn) -> None:
+        """The request became ``turn``: its provider goes on the line, its model may label metrics."""
+        self.fields["provider"] = turn.route.provider
+        self.routed = True
+
+    def refused(self, metrics: Metrics, err: GatewayError, **extra: Any) -> None:
+        """End a request that was refused with ``err`` (no turn ran, or none was made)."""
+        self.done(metrics, err.status, error_code=err.code, **extra)
 
     def metric_model(self) -> str | None:
         """The model for its metrics label: only a routed one (None: not routed, labelled

@@ -20,12 +20,10 @@ _SPAN_ATTRS = {
 }
 
 
-async def compact_response(request: Request) -> Response:
-    gw: Gateway = request.app.state.gateway
+async def compact_response(request: Request, gw: Gateway) -> Response:
     rlog = RequestLog(request, "compact")
     # the compaction's span; its summarizing call's upstream attempts are its children
-    with gw.tracer.server("POST /v1/responses/compact", request.headers, _SPAN_ATTRS) as span:
-        rlog.span = span
+    with rlog.traced(gw.tracer, "POST /v1/responses/compact", request.headers, _SPAN_ATTRS):
         return await _compact(request, gw, rlog)
 
 
@@ -44,7 +42,7 @@ async def _compact(request: Request, gw: Gateway, rlog: RequestLog) -> Response:
             if held is not None:
                 await gw.limits.settle_soon(held, 0)
     except GatewayError as err:
-        rlog.done(metrics, err.status, error_code=err.code)
+        rlog.refused(metrics, err)
         return error_response(err, headers)
     rlog.routed = True
     metrics.compaction("compact")
