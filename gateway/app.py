@@ -23,7 +23,7 @@ from compact.truncation import fit_context
 from gateway.api import admin, compact, http, ops, stored, usage
 from gateway.api.common import error_response
 from gateway.api.inflight import InFlight
-from gateway.api.live import LiveGateway
+from gateway.api.live import LiveGateway, holding
 from gateway.api.reload import Reloader
 from gateway.api.stall import StallWatch
 from gateway.api.ws import WebSocketHub, responses_socket
@@ -102,29 +102,8 @@ class GatewayApp(FastAPI):
                 return
             await super().__call__(scope, receive, send)
             return
-        # A request runs to its end on the gateway current when it arrived (a reload may swap it):
-        # every handler reads app.state.gateway before its first await, so this is the one it uses.
-        live: LiveGateway = self.state.live
-        gw = live.acquire()
-        try:
-            await self._http(scope, receive, send)
-        finally:
-            live.release(gw)
-
-    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["path"] in HOT_PATHS:
-            if scope["method"] != "POST":  # (a WebSocket upgrade is a "websocket" scope)
-                await method_not_allowed(scope["method"], ("POST",))(scope, receive, send)
-                return
-            scope["app"] = self
-            try:
-                await http.create_response(scope, receive, send)
-            except Exception:
-                log.exception("unhandled_error", path=scope["path"])
-                with contextlib.suppress(Exception):  # the response may have started already
-                    await error_response(ServerError("The gateway hit an unexpected error."))(
-                        scope, receive, send
-                    )
+            await self._responses(scope, receive, send)
             return
         allowed = self.fixed_paths.get(scope["path"])
         if allowed is not None and scope["method"] not in allowed:
@@ -135,6 +114,25 @@ class GatewayApp(FastAPI):
             await traced_route(self, tracer, scope, receive, send)
             return
         await super().__call__(scope, receive, send)
+
+    async def _responses(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /v1/responses``. A request runs to its end on the gateway current when it arrived
+        (a reload may swap it): held here, and handed to the handler (every other route's handler
+        gets its own the same way, ``holding``)."""
+        if scope["method"] != "POST":  # (a WebSocket upgrade is a "websocket" scope)
+            await method_not_allowed(scope["method"], ("POST",))(scope, receive, send)
+            return
+        scope["app"] = self
+        live: LiveGateway = self.state.live
+        with live.hold() as gw:
+            try:
+                await http.create_response(scope, receive, send, gw)
+            except Exception:
+                log.exception("unhandled_error", path=scope["path"])
+                with contextlib.suppress(Exception):  # the response may have started already
+                    await error_response(ServerError("The gateway hit an unexpected error."))(
+                        scope, receive, send
+                    )
 
 
 async def traced_route(app: FastAPI, tracer: Tracer, scope: Scope, receive: Receive, send: Send) -> None:
@@ -239,16 +237,19 @@ def create_app(
     app.state.stall_watch = StallWatch(settings.limits.client_send_seconds)
     for path in ("/v1/responses", "/v1/codex/responses"):
         app.router.add_websocket_route(path, responses_socket)
-    app.add_route("/v1/responses/compact", compact.compact_response, methods=["POST"])
-    app.add_route("/v1/responses/{response_id}", stored.get_response, methods=["GET"])
-    app.add_route("/v1/responses/{response_id}", stored.delete_response, methods=["DELETE"])
-    app.add_route("/v1/responses/{response_id}/input_items", stored.list_input_items, methods=["GET"])
-    app.add_route("/v1/models", ops.list_models, methods=["GET"])
-    app.add_route("/v1/usage", usage.get_usage, methods=["GET"])
+    # a handler given a gateway gets the one current when its request arrived, held until it answers
+    app.add_route("/v1/responses/compact", holding(compact.compact_response), methods=["POST"])
+    app.add_route("/v1/responses/{response_id}", holding(stored.get_response), methods=["GET"])
+    app.add_route("/v1/responses/{response_id}", holding(stored.delete_response), methods=["DELETE"])
+    app.add_route(
+        "/v1/responses/{response_id}/input_items", holding(stored.list_input_items), methods=["GET"]
+    )
+    app.add_route("/v1/models", holding(ops.list_models), methods=["GET"])
+    app.add_route("/v1/usage", holding(usage.get_usage), methods=["GET"])
     app.add_route("/healthz", ops.healthz, methods=["GET"])
-    app.add_route("/readyz", ops.readyz, methods=["GET"])
-    app.add_route("/metrics", ops.metrics, methods=["GET"])
-    app.add_route("/admin/reload", admin.reload_config, methods=["POST"])
+    app.add_route("/readyz", holding(ops.readyz), methods=["GET"])
+    app.add_route("/metrics", holding(ops.metrics), methods=["GET"])
+    app.add_route("/admin/reload", holding(admin.reload_config), methods=["POST"])
     app.fixed_paths = fixed_paths(app)
 
     async def http_exception(request: Request, exc: Exception) -> Response:

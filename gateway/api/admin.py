@@ -33,8 +33,7 @@ def require_admin(auth: Authenticator, authorization: str | None) -> Admin:
     raise PermissionDenied("Reloading the configuration needs an admin key (admin.api_keys).")
 
 
-async def reload_config(request: Request) -> Response:
-    gw: Gateway = request.app.state.gateway
+async def reload_config(request: Request, gw: Gateway) -> Response:
     rlog = RequestLog(request, "admin")
     try:
         admin = require_admin(gw.auth, request.headers.get("authorization"))

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import structlog
@@ -15,9 +16,10 @@ from starlette.responses import Response
 
 from gateway.api.encode import json_bytes
 from gateway.api.server_protocol import LATE_BODY
+from gateway.engine.limits import reset_text
 from gateway.engine.telemetry import NOOP_SPAN, Span
 from gateway.engine.validate import parse_json
-from gateway.kernel.errors import GatewayError, InvalidRequest, PayloadTooLarge
+from gateway.kernel.errors import GatewayError, InvalidRequest, PayloadTooLarge, RateLimited, RateStanding
 from gateway.kernel.ids import new_id, safe_id
 from gateway.kernel.settings import Limits
 from gateway.observability.genai import turn_attributes
@@ -26,7 +28,8 @@ from gateway.observability.observer import Metrics
 if TYPE_CHECKING:
     from gateway.engine.auth import Principal
     from gateway.engine.orchestrator import Gateway
-    from gateway.engine.turn import TurnResult
+    from gateway.engine.telemetry import Attr, Tracer
+    from gateway.engine.turn import Turn, TurnResult
 
 M = TypeVar("M", bound=BaseModel, covariant=True)
 
@@ -40,12 +43,35 @@ class RequestValidator(Protocol[M]):
 access_log = structlog.get_logger("gateway.access")
 
 
+# what the headers say of a dimension no limit applies to: no client's integer type overflows on it
+UNLIMITED = 2**31 - 1
+_UNLIMITED = str(UNLIMITED)
+
+
+def rate_limit_headers(standing: RateStanding | None) -> dict[str, str]:
+    """The six ``x-ratelimit-*`` headers of a gateway limit's figures (none when no per-minute
+    limit applies): for requests and for tokens, the limit, what is left and when it resets; a
+    dimension no limit applies to reads ``UNLIMITED`` with a reset of 0s."""
+    if standing is None:
+        return {}
+    headers: dict[str, str] = {}
+    for what, window in (("requests", standing.requests), ("tokens", standing.tokens)):
+        if window is None:
+            headers[f"x-ratelimit-limit-{what}"] = headers[f"x-ratelimit-remaining-{what}"] = _UNLIMITED
+            headers[f"x-ratelimit-reset-{what}"] = "0s"
+        else:
+            headers[f"x-ratelimit-limit-{what}"] = str(window.limit)
+            headers[f"x-ratelimit-remaining-{what}"] = str(window.remaining)
+            headers[f"x-ratelimit-reset-{what}"] = reset_text(window.reset_ms)
+    return headers
+
+
 def error_response(err: GatewayError, headers: dict[str, str] | None = None) -> Response:
     """``err`` as the spec's JSON error body; a rate limit also says when to come back (Retry-After,
-    in whole seconds: the upstream's own when it gave one)."""
-    extra = getattr(err, "headers", None)
-    if extra:
-        headers = {**(headers or {}), **extra}
+    in whole seconds: the upstream's own when it gave one) and, a gateway limit's, where the
+    request stood (the ``x-ratelimit-*`` headers)."""
+    if isinstance(err, RateLimited) and err.standing is not None:
+        headers = {**(headers or {}), **rate_limit_headers(err.standing)}
     retry_after = getattr(err, "retry_after", None)
     if retry_after is not None and err.status in (429, 503):
         headers = {**(headers or {}), "retry-after": str(max(1, math.ceil(retry_after)))}
@@ -103,6 +129,25 @@ class RequestLog:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
+
+    @contextmanager
+    def traced(
+        self, tracer: Tracer, name: str, headers: Mapping[str, str], attrs: Mapping[str, Attr | None]
+    ) -> Iterator[Span]:
+        """The request's server span (a no-op unless tracing is on), the child of the client's
+        ``traceparent``, for the ``with`` block; the log line tells it how the request ended."""
+        with tracer.server(name, headers, attrs) as span:
+            self.span = span
+            yield span
+
+    def routed_to(self, turn: Turn) -> None:
+        """The request became ``turn``: its provider goes on the line, its model may label metrics."""
+        self.fields["provider"] = turn.route.provider
+        self.routed = True
+
+    def refused(self, metrics: Metrics, err: GatewayError, **extra: Any) -> None:
+        """End a request that was refused with ``err`` (no turn ran, or none was made)."""
+        self.done(metrics, err.status, error_code=err.code, **extra)
 
     def metric_model(self) -> str | None:
         """The model for its metrics label: only a routed one (None: not routed, labelled

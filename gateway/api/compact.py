@@ -6,7 +6,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from compact.service import Compactor
-from gateway.api.common import RequestLog, error_response, read_request
+from gateway.api.common import RequestLog, error_response, rate_limit_headers, read_request
 from gateway.api.encode import json_bytes
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.validate import compact_request
@@ -20,12 +20,10 @@ _SPAN_ATTRS = {
 }
 
 
-async def compact_response(request: Request) -> Response:
-    gw: Gateway = request.app.state.gateway
+async def compact_response(request: Request, gw: Gateway) -> Response:
     rlog = RequestLog(request, "compact")
     # the compaction's span; its summarizing call's upstream attempts are its children
-    with gw.tracer.server("POST /v1/responses/compact", request.headers, _SPAN_ATTRS) as span:
-        rlog.span = span
+    with rlog.traced(gw.tracer, "POST /v1/responses/compact", request.headers, _SPAN_ATTRS):
         return await _compact(request, gw, rlog)
 
 
@@ -37,14 +35,14 @@ async def _compact(request: Request, gw: Gateway, rlog: RequestLog) -> Response:
         # counted against the limits first, even when there turns out to be nothing to summarize
         held = await gw.admit(principal, gw.route(body.model, principal))
         if held is not None:
-            headers.update(held.headers)
+            headers.update(rate_limit_headers(held.standing))
         try:
             result = await Compactor(gw).compact(body, principal, request_id=rlog.request_id)
         finally:
             if held is not None:
                 await gw.limits.settle_soon(held, 0)
     except GatewayError as err:
-        rlog.done(metrics, err.status, error_code=err.code)
+        rlog.refused(metrics, err)
         return error_response(err, headers)
     rlog.routed = True
     metrics.compaction("compact")

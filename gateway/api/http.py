@@ -13,7 +13,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
-from gateway.api.common import RequestLog, error_response, read_request
+from gateway.api.common import RequestLog, error_response, rate_limit_headers, read_request
 from gateway.api.disconnect import DisconnectWatch
 from gateway.api.encode import SSE_DONE, json_bytes, sse_frame
 from gateway.api.frames import BodyWriter
@@ -33,13 +33,11 @@ _JSON_HEADERS = [(b"content-type", b"application/json")]
 _SPAN_ATTRS = {"gen_ai.operation.name": "chat", "http.request.method": "POST", "gateway.transport": "http"}
 
 
-async def create_response(scope: Scope, receive: Receive, send: Send) -> None:
+async def create_response(scope: Scope, receive: Receive, send: Send, gw: Gateway) -> None:
+    """``gw``: the gateway the request runs on, held for it by the app (gateway/app.py)."""
     request = Request(scope, receive)
-    gw: Gateway = request.app.state.gateway
     rlog = RequestLog(request, "http")
-    # the request's span (a no-op unless tracing is on), the child of the client's traceparent
-    with gw.tracer.server(f"POST {scope['path']}", request.headers, _SPAN_ATTRS) as span:
-        rlog.span = span
+    with rlog.traced(gw.tracer, f"POST {scope['path']}", request.headers, _SPAN_ATTRS):
         await _respond(request, gw, rlog, scope, receive, send)
 
 
@@ -51,23 +49,23 @@ async def _respond(
     try:
         principal, body = await read_request(request, gw, create_request, rlog)
     except GatewayError as err:
-        rlog.done(metrics, err.status, error_code=err.code)
+        rlog.refused(metrics, err)
         await error_response(err, headers)(scope, receive, send)
         return
     async with DisconnectWatch(receive, send) as watch:
         try:
             turn = await gw.prepare(body, principal, streaming=bool(body.stream), request_id=rlog.request_id)
         except GatewayError as err:
-            rlog.done(metrics, err.status, error_code=err.code)
+            rlog.refused(metrics, err)
             await error_response(err, headers)(scope, receive, send)
             return
-        rlog.fields["provider"] = turn.route.provider
-        rlog.routed = True
+        rlog.routed_to(turn)
         turn.on_end(lambda result: rlog.turn_ended(metrics, result))
         extra = [(b"x-request-id", rlog.request_id.encode())]
-        if turn.rate_headers:
-            headers.update(turn.rate_headers)
-            extra += [(k.encode(), v.encode()) for k, v in turn.rate_headers.items()]
+        rate_headers = rate_limit_headers(turn.rate_standing)
+        if rate_headers:
+            headers.update(rate_headers)
+            extra += [(k.encode(), v.encode()) for k, v in rate_headers.items()]
         inflight: InFlight = request.app.state.inflight
         inflight.add(turn)
         try:

@@ -8,15 +8,21 @@ gateway), so an older gateway's resources are closed only once nothing holds it 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import functools
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 
 import structlog
+from starlette.requests import Request
+from starlette.responses import Response
 
 from gateway.engine.orchestrator import Gateway
 
 log = structlog.get_logger("gateway.api.live")
 
 Retire = Callable[[Gateway], Awaitable[None]]
+Handler = Callable[[Request, Gateway], Awaitable[Response]]
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 class LiveGateway:
@@ -45,6 +51,15 @@ class LiveGateway:
         idle = self._idle.get(gw)
         if idle is not None:
             idle.set()
+
+    @contextmanager
+    def hold(self) -> Iterator[Gateway]:
+        """The current gateway, held for the ``with`` block (a request, a WebSocket turn)."""
+        gw = self.acquire()
+        try:
+            yield gw
+        finally:
+            self.release(gw)
 
     def holders(self, gw: Gateway) -> int:
         return self._holds.get(gw, 0)
@@ -75,3 +90,17 @@ class LiveGateway:
             idle.set()  # a handler that was cut may not have released its hold
         if self._retiring:
             await asyncio.gather(*self._retiring, return_exceptions=True)
+
+
+def holding(handler: Handler) -> Endpoint:
+    """``handler`` as a route's endpoint: it is given the gateway current when its request arrived,
+    held (``LiveGateway.acquire``) until it has answered, so a reload meanwhile changes nothing
+    under it."""
+
+    @functools.wraps(handler)
+    async def endpoint(request: Request) -> Response:
+        live: LiveGateway = request.app.state.live
+        with live.hold() as gw:
+            return await handler(request, gw)
+
+    return endpoint

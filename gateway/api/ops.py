@@ -19,11 +19,10 @@ async def healthz(request: Request) -> Response:
     return json_response({"status": "ok"})
 
 
-async def readyz(request: Request) -> Response:
+async def readyz(request: Request, gw: Gateway) -> Response:
     """503 only while this process cannot take new work (it is draining for shutdown). A state store
     that does not answer leaves it ready but "degraded": store: false and WebSocket turns still
     serve, and every replica shares that store, so failing readiness would take them all out."""
-    gw: Gateway = request.app.state.gateway
     if request.app.state.ws_hub.draining:
         return json_response({"status": "draining", "checks": {}}, 503)
     store_ok = await gw.store.ping()
@@ -31,10 +30,9 @@ async def readyz(request: Request) -> Response:
     return json_response(body, 200)
 
 
-async def metrics(request: Request) -> Response:
+async def metrics(request: Request, gw: Gateway) -> Response:
     """Prometheus text. Not here when ``metrics.port`` gives it a listener of its own (404); with
     client keys configured, only for an admin key (``admin.api_keys``)."""
-    gw: Gateway = request.app.state.gateway
     m: Metrics = request.app.state.metrics
     try:
         if gw.settings.metrics.port is not None:
@@ -48,8 +46,7 @@ async def metrics(request: Request) -> Response:
     return Response(body, media_type=CONTENT_TYPE)
 
 
-async def list_models(request: Request) -> Response:
-    gw: Gateway = request.app.state.gateway
+async def list_models(request: Request, gw: Gateway) -> Response:
     try:
         principal = gw.auth.authenticate(request.headers.get("authorization"))
     except GatewayError as err:

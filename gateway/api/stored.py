@@ -54,8 +54,7 @@ def _audit(request: Request, action: str, principal: Principal, response_id: str
     )
 
 
-async def get_response(request: Request) -> Response:
-    gw: Gateway = request.app.state.gateway
+async def get_response(request: Request, gw: Gateway) -> Response:
     rid = request.path_params["response_id"]
     try:
         principal = gw.auth.authenticate(request.headers.get("authorization"))
@@ -65,8 +64,7 @@ async def get_response(request: Request) -> Response:
     return json_response(stored.resource)
 
 
-async def delete_response(request: Request) -> Response:
-    gw: Gateway = request.app.state.gateway
+async def delete_response(request: Request, gw: Gateway) -> Response:
     rid = request.path_params["response_id"]
     try:
         principal = gw.auth.authenticate(request.headers.get("authorization"))
@@ -79,9 +77,8 @@ async def delete_response(request: Request) -> Response:
     return json_response({"id": rid, "object": "response", "deleted": True})
 
 
-async def list_input_items(request: Request) -> Response:
+async def list_input_items(request: Request, gw: Gateway) -> Response:
     """OpenAI-style list: ``order`` (desc default), ``limit`` 1–100 (20), ``after``/``before`` item ids."""
-    gw: Gateway = request.app.state.gateway
     rid = request.path_params["response_id"]
     q = request.query_params
     try:

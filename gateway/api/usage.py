@@ -34,8 +34,7 @@ def _day(value: str | None, param: str, default: date) -> date:
         ) from None
 
 
-async def get_usage(request: Request) -> Response:
-    gw: Gateway = request.app.state.gateway
+async def get_usage(request: Request, gw: Gateway) -> Response:
     q = request.query_params
     try:
         caller = gw.auth.identify(request.headers.get("authorization"))

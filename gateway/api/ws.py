@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from enum import Enum
 from typing import Any, cast
 
 import orjson
@@ -93,24 +94,46 @@ class WebSocketHub:
                 await asyncio.wait_for(self._empty.wait(), 1.0)
 
 
+class ConnectionPhase(Enum):
+    """Where a connection is. ``OPEN`` admits and starts turns. Past the age limit (``EXPIRED``) or
+    at a shutdown (``DRAINING``) the turns in flight finish and no other starts, then the socket
+    closes (1000 with the limit's envelope, 1001). ``CLOSED``: we sent the close frame (or dropped
+    a client that stopped reading); ``GONE``: the client left first."""
+
+    OPEN = "open"
+    EXPIRED = "expired"
+    DRAINING = "draining"
+    CLOSED = "closed"
+    GONE = "gone"
+
+
+_OPEN = ConnectionPhase.OPEN
+# no turn starts any more, whatever the age limit says
+_ENDING = frozenset({ConnectionPhase.DRAINING, ConnectionPhase.CLOSED, ConnectionPhase.GONE})
+_CLOSED = frozenset({ConnectionPhase.CLOSED, ConnectionPhase.GONE})
+
+
 async def responses_socket(websocket: WebSocket) -> None:
-    """The endpoint: refuse before the upgrade (HTTP 401/503, no turn runs), else serve."""
+    """The endpoint: refuse before the upgrade (HTTP 401/503, no turn runs), else serve. The
+    upgrade runs on the live gateway, held while it authenticates and takes the connection's
+    lease; each turn then holds its own (``Connection._turn``)."""
     app = websocket.app
-    gw: Gateway = app.state.gateway
+    live: LiveGateway = app.state.live
     hub: WebSocketHub = app.state.ws_hub
     metrics: Metrics = app.state.metrics
     rlog = RequestLog(cast(Request, websocket), "websocket")
-    try:
-        principal = gw.auth.authenticate(websocket.headers.get("authorization"))
-        rlog.fields["tenant"] = principal.tenant
-        if hub.draining:
-            raise ServiceUnavailable("The gateway is shutting down; connect again shortly.")
-        lease = await gw.limits.open_socket(principal)  # tenants.<name>.limits.websocket_connections
-    except GatewayError as err:
-        # a refused upgrade is a request (gateway_requests_total), not a turn
-        rlog.done(metrics, err.status, error_code=err.code, phase="upgrade", turn=False)
-        await websocket.send_denial_response(error_response(err))
-        return
+    with live.hold() as gw:
+        try:
+            principal = gw.auth.authenticate(websocket.headers.get("authorization"))
+            rlog.fields["tenant"] = principal.tenant
+            if hub.draining:
+                raise ServiceUnavailable("The gateway is shutting down; connect again shortly.")
+            lease = await gw.limits.open_socket(principal)  # tenants.<name>.limits.websocket_connections
+        except GatewayError as err:
+            # a refused upgrade is a request (gateway_requests_total), not a turn
+            rlog.refused(metrics, err, phase="upgrade", turn=False)
+            await websocket.send_denial_response(error_response(err))
+            return
     try:
         await websocket.accept()
         conn = Connection(websocket, gw, principal, metrics)
@@ -132,8 +155,8 @@ async def responses_socket(websocket: WebSocket) -> None:
 class Connection:
     """One accepted socket. The handler's task reads every frame at once (so a disconnect or a
     steer is seen mid-turn): a ``response.steer`` is answered there; a create joins its lane's
-    FIFO (bounded across lanes), whose task runs the lane's turns in order. A supervisor task
-    holds the age limit and the drain, and closes the socket."""
+    FIFO (bounded across lanes), whose task runs the lane's turns in order, each a ``TurnCycle``.
+    A supervisor task holds the age limit and the drain, and closes the socket."""
 
     def __init__(self, websocket: WebSocket, gw: Gateway, principal: Principal, metrics: Metrics) -> None:
         limits = gw.settings.limits
@@ -154,10 +177,7 @@ class Connection:
         self.inflight: InFlight = websocket.app.state.inflight  # what a shutdown's deadline ends
         self.deadline = self._loop.time() + limits.ws_connection_seconds
         self.limit_minutes = limits.ws_connection_seconds / 60
-        self.draining = False
-        self.expired = False  # past the age limit: no turn starts any more
-        self.client_gone = False
-        self.closed = False  # we have sent the close frame
+        self.phase = _OPEN
         self._wake: asyncio.Future[None] | None = None  # the supervisor waits: drain, or lanes idle
         self._worker: asyncio.Task[None] | None = None  # the supervisor
         self._tasks: set[asyncio.Task[None]] = set()  # the lanes' tasks
@@ -172,8 +192,8 @@ class Connection:
         try:
             await self._read()  # until the client goes, or the supervisor has closed the socket
         finally:
-            self.client_gone = not self.closed
-            if self.client_gone:
+            if self.phase is not ConnectionPhase.CLOSED:
+                self.phase = ConnectionPhase.GONE
                 # Cancelling a lane cancels its turn, whose event generator closes the adapter
                 # stream (and with it the upstream request) on the way out.
                 self._cancel()
@@ -190,19 +210,23 @@ class Connection:
         if self._wake is not None and not self._wake.done():
             self._wake.set_result(None)
 
+    def _drain(self) -> None:
+        if self.phase is _OPEN or self.phase is ConnectionPhase.EXPIRED:
+            self.phase = ConnectionPhase.DRAINING
+
     def begin_drain(self) -> None:
         """Shutdown: finish the turns in flight (if any), start no other, then close with 1001."""
-        self.draining = True
+        self._drain()
         self._poke()
 
     def abort(self) -> None:
-        self.draining = True
+        self._drain()
         self._cancel()
 
     async def _close(self, code: int, reason: str = "") -> None:
-        if self.closed or self.client_gone:
+        if self.phase in _CLOSED:
             return
-        self.closed = True
+        self.phase = ConnectionPhase.CLOSED
         self.frames.flush()  # events still unwritten go before the close frame
         with contextlib.suppress(Exception):
             await self.ws.close(code, reason)
@@ -219,8 +243,7 @@ class Connection:
     def stalled(self) -> None:
         """The client stopped reading: cancel the turns (and their upstream calls), drop the socket
         (no close frame: it could not be delivered)."""
-        self.closed = True
-        self.draining = True
+        self.phase = ConnectionPhase.CLOSED
         self._cancel()
         abort_transport(self.ws._send)
 
@@ -255,7 +278,7 @@ class Connection:
 
     async def _admit(self, key: str | None, job: Job) -> None:
         """Queue ``job`` on lane ``key``, or answer the envelope of a full queue or lane table."""
-        if self.draining or self.expired:
+        if self.phase is not _OPEN:
             return  # the socket is closing: nothing more starts
         lane = self.lanes.get(key)
         err: GatewayError | None = None
@@ -301,7 +324,7 @@ class Connection:
         """Run the lane's jobs in order; the lane ends when it has none left (or nothing may start)."""
         loop = self._loop
         try:
-            while lane.jobs and not self.draining and loop.time() < self.deadline:
+            while lane.jobs and self.phase not in _ENDING and loop.time() < self.deadline:
                 try:
                     target = await self._turn(lane.key, lane.jobs[0])
                     while target is not None:  # steered: its successor runs next, on this lane
@@ -326,7 +349,7 @@ class Connection:
 
     async def _settled(self, sid: str | None, target: Target) -> Target | None:
         """After a turn: its queued steering's pending or failed events, or its successor's turn."""
-        closing = self.draining or self._loop.time() >= self.deadline
+        closing = self.phase in _ENDING or self._loop.time() >= self.deadline
         events, handoff = self.book.settle(target, closing)
         for event in events:
             await self._send(ws_text(event))
@@ -341,14 +364,15 @@ class Connection:
         try:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout_at(self.deadline):
-                    while not self.draining:
+                    while self.phase is _OPEN:
                         self._wake = loop.create_future()
                         await self._wake
-            self.expired = not self.draining
+            if self.phase is _OPEN:
+                self.phase = ConnectionPhase.EXPIRED
             while self.lanes:  # the turns in flight finish; nothing else starts
                 self._wake = loop.create_future()
                 await self._wake
-            if self.expired and not self.draining:
+            if self.phase is ConnectionPhase.EXPIRED:
                 await self._limit_reached()
         except WebSocketDisconnect:
             return
@@ -371,95 +395,18 @@ class Connection:
 
     # -- one turn ------------------------------------------------------------------------------
     async def _turn(self, sid: str | None, job: Job, handoff: Handoff | None = None) -> Target | None:
-        """Run one create on lane ``sid``. ``handoff``: queued steering it commits (an automatic
-        successor's, or found here for a client's continuation). → the response's steering
-        target, or None when no response came of it. The turn holds the gateway current when it
-        starts (a reload may swap it meanwhile)."""
-        live = self.live
-        gw = live.acquire()
-        try:
+        """Run one create on lane ``sid`` (a ``TurnCycle``). ``handoff``: queued steering it
+        commits (an automatic successor's, or found for a client's continuation). → the
+        response's steering target, or None when no response came of it. The turn holds the
+        gateway current when it starts (a reload may swap it meanwhile)."""
+        with self.live.hold() as gw:
             # each turn is a request of its own: its own request_id (the upgrade's X-Request-Id is not)
             rlog = RequestLog(cast(Request, self.ws), "websocket", new_id("req"))
-            # the turn's span (a no-op unless tracing is on), the child of the upgrade's traceparent
-            with gw.tracer.server("websocket response.create", self.ws.headers, _SPAN_ATTRS) as span:
-                rlog.span = span
-                return await self._run_turn(sid, job, handoff, rlog, gw)
-        finally:
-            live.release(gw)
+            # the turn's span, the child of the upgrade's traceparent
+            with rlog.traced(gw.tracer, "websocket response.create", self.ws.headers, _SPAN_ATTRS):
+                return await TurnCycle(self, gw, sid, handoff, rlog).run(job)
 
-    async def _run_turn(
-        self, sid: str | None, job: Job, handoff: Handoff | None, rlog: RequestLog, gw: Gateway
-    ) -> Target | None:
-        rlog.fields["connection_id"] = self.id
-        if sid is not None:
-            rlog.fields["stream_id"] = sid
-        if handoff is not None and handoff.automatic:
-            rlog.fields["steered_from"] = handoff.parent.id
-        previous: str | None = None
-        try:
-            principal = self._use(gw)  # this turn's: lanes may hold different gateways at once
-            rlog.fields["tenant"] = principal.tenant
-            if isinstance(job, GatewayError):
-                raise job
-            data = _fields(job)
-            prev = data.get("previous_response_id")
-            previous = prev if isinstance(prev, str) else None
-            if handoff is None and previous is not None:
-                handoff = self.book.continuation(previous)
-                if handoff is not None and handoff.subs:
-                    data["input"] = with_steering(data.get("input"), handoff.items())
-            model = data.get("model")
-            rlog.fields["model"] = model if isinstance(model, str) else None
-            body = create_request(data, gw.settings.limits)
-            turn = await gw.prepare(
-                body,
-                principal,
-                cache=self.cache,
-                error_event=False,
-                request_id=rlog.request_id,
-                affinity=self.affinity,
-            )
-            self.affinity = self.affinity or turn.affinity
-        except Exception as exc:
-            err = exc if isinstance(exc, GatewayError) else self._crashed()
-            if previous is not None:
-                self.cache.evict(previous)  # a failed continuation: retrying it must not hit the cache
-            rlog.done(self.metrics, err.status, error_code=err.code)
-            await self._refused(sid, err, handoff)
-            return None
-        rlog.fields["provider"] = turn.route.provider
-        rlog.routed = True
-        target = self.book.open(turn.result.resource["id"], sid, turn, data)
-        turn.on_end(lambda result: self._ended(result, rlog, previous, target))
-        opened = None
-        if handoff is not None:
-            committing = handoff
-
-            async def opened() -> None:
-                self.book.commit(committing, target)
-
-        inflight = self.inflight
-        inflight.add(turn)
-        try:
-            await turn.run(self._emit if sid is None else self._lane_emit(sid), opened=opened)
-        except GatewayError as err:  # before generation: the envelope only
-            self.book.drop(target)
-            await self._refused(sid, err, handoff)
-            return None
-        finally:
-            inflight.discard(turn)
-        return target
-
-    async def _refused(self, sid: str | None, err: GatewayError, handoff: Handoff | None) -> None:
-        """A create that made no response: its envelope (not for an automatic successor, which no
-        client asked for), and the steering input it was to commit comes back."""
-        if handoff is None or not handoff.automatic:
-            await self._send(ws_text(tagged(err.ws_envelope(), sid)))
-        if handoff is not None:
-            for event in self.book.abandon(handoff, err):
-                await self._send(ws_text(event))
-
-    def _use(self, gw: Gateway) -> Principal:
+    def principal_on(self, gw: Gateway) -> Principal:
         """The caller as ``gw`` (the gateway the turn holds) knows it: after a reload, the key must
         still be valid on the new one. The turn uses what this returns, never ``self.gw``: while a
         reload is under way, two lanes may hold different gateways."""
@@ -480,9 +427,12 @@ class Connection:
         if not self.sent & _YIELD_EVERY:
             await asyncio.sleep(0)
 
-    def _lane_emit(self, sid: str) -> Emit:
-        """``_emit`` for lane ``sid``: each event gets its ``stream_id`` as it is encoded."""
+    def emitter(self, sid: str | None) -> Emit:
+        """Where lane ``sid``'s events go: ``_emit``, each event with its ``stream_id`` on a named
+        lane (set as it is encoded)."""
         emit_one = self._emit
+        if sid is None:
+            return emit_one
 
         async def emit(event: dict[str, Any]) -> None:
             event["stream_id"] = sid
@@ -490,19 +440,112 @@ class Connection:
 
         return emit
 
-    def _ended(self, result: TurnResult, rlog: RequestLog, previous: str | None, target: Target) -> None:
-        """The end-of-turn hook: the connection cache remembers a response that exists, and forgets
-        the one a failed continuation referenced; steering learns the outcome; then the log line."""
-        target.result = result
-        if result.ended:
-            self.cache.remember(result.resource["id"], result.context.ran_on(), result.output)
-        elif previous is not None:
-            self.cache.evict(previous)
-        rlog.turn_ended(self.metrics, result)
-
     def _crashed(self) -> GatewayError:
         log.exception("websocket_turn_crashed", connection_id=self.id)
         return ServerError("The gateway hit an unexpected error.")
+
+
+class TurnCycle:
+    """One ``response.create`` of a connection, from its frame to its end (as uvicorn's
+    ``RequestResponseCycle`` is apart from its protocol): the gateway it holds, its lane, its
+    request log, the steering it commits (``handoff``) and the steering target its response
+    becomes, and the end-of-turn hook."""
+
+    __slots__ = ("conn", "gw", "handoff", "previous", "rlog", "sid", "target")
+
+    def __init__(
+        self, conn: Connection, gw: Gateway, sid: str | None, handoff: Handoff | None, rlog: RequestLog
+    ) -> None:
+        self.conn = conn
+        self.gw = gw
+        self.sid = sid
+        self.handoff = handoff
+        self.rlog = rlog
+        self.previous: str | None = None  # the previous_response_id it continues, if any
+        self.target: Target | None = None
+
+    async def run(self, job: Job) -> Target | None:
+        conn, gw, rlog = self.conn, self.gw, self.rlog
+        rlog.fields["connection_id"] = conn.id
+        if self.sid is not None:
+            rlog.fields["stream_id"] = self.sid
+        if self.handoff is not None and self.handoff.automatic:
+            rlog.fields["steered_from"] = self.handoff.parent.id
+        try:
+            principal = conn.principal_on(gw)  # this turn's: lanes may hold different gateways at once
+            rlog.fields["tenant"] = principal.tenant
+            if isinstance(job, GatewayError):
+                raise job
+            data = _fields(job)
+            prev = data.get("previous_response_id")
+            self.previous = prev if isinstance(prev, str) else None
+            if self.handoff is None and self.previous is not None:
+                self.handoff = conn.book.continuation(self.previous)
+                if self.handoff is not None and self.handoff.subs:
+                    data["input"] = with_steering(data.get("input"), self.handoff.items())
+            model = data.get("model")
+            rlog.fields["model"] = model if isinstance(model, str) else None
+            body = create_request(data, gw.settings.limits)
+            turn = await gw.prepare(
+                body,
+                principal,
+                cache=conn.cache,
+                error_event=False,
+                request_id=rlog.request_id,
+                affinity=conn.affinity,
+            )
+            conn.affinity = conn.affinity or turn.affinity
+        except Exception as exc:
+            err = exc if isinstance(exc, GatewayError) else conn._crashed()
+            if self.previous is not None:
+                conn.cache.evict(self.previous)  # a failed continuation: retrying it must not hit the cache
+            rlog.refused(conn.metrics, err)
+            await self._refused(err)
+            return None
+        rlog.routed_to(turn)
+        target = self.target = conn.book.open(turn.result.resource["id"], self.sid, turn, data)
+        turn.on_end(self._ended)
+        opened = None
+        if self.handoff is not None:
+            committing = self.handoff
+
+            async def opened() -> None:
+                conn.book.commit(committing, target)
+
+        inflight = conn.inflight
+        inflight.add(turn)
+        try:
+            await turn.run(conn.emitter(self.sid), opened=opened)
+        except GatewayError as err:  # before generation: the envelope only
+            conn.book.drop(target)
+            await self._refused(err)
+            return None
+        finally:
+            inflight.discard(turn)
+        return target
+
+    async def _refused(self, err: GatewayError) -> None:
+        """A create that made no response: its envelope (not for an automatic successor, which no
+        client asked for), and the steering input it was to commit comes back."""
+        conn, handoff = self.conn, self.handoff
+        if handoff is None or not handoff.automatic:
+            await conn._send(ws_text(tagged(err.ws_envelope(), self.sid)))
+        if handoff is not None:
+            for event in conn.book.abandon(handoff, err):
+                await conn._send(ws_text(event))
+
+    def _ended(self, result: TurnResult) -> None:
+        """The end-of-turn hook: the connection cache remembers a response that exists, and forgets
+        the one a failed continuation referenced; steering learns the outcome; then the log line."""
+        target = self.target
+        assert target is not None  # the hook is added once the target is open
+        target.result = result
+        cache = self.conn.cache
+        if result.ended:
+            cache.remember(result.resource["id"], result.context.ran_on(), result.output)
+        elif self.previous is not None:
+            cache.evict(self.previous)
+        self.rlog.turn_ended(self.conn.metrics, result)
 
 
 def _decode(text: str) -> Job:

@@ -2,7 +2,8 @@
 
 It alone assigns item ids, ``output_index``, ``content_index``, ``summary_index`` and
 ``sequence_number``, enforces the response / item / content-part state machines
-(``ResponseState``, ``ItemState``, ``PartState``), and accumulates the final ResponseResource.
+(``ResponseState`` for the response, ``OutputState`` for the open item and its open part, which
+one ``_OpenItem`` holds), and accumulates the final ResponseResource.
 ``start()``, ``feed(delta)``, ``finish()`` and ``fail(error)`` each return the events to send, in
 order. An illegal transition raises ``IllegalTransition`` and leaves the builder able to
 ``fail()`` cleanly.
@@ -42,18 +43,11 @@ class ResponseState(Enum):
     FAILED = "failed"
 
 
-class ItemState(Enum):
-    """An output item: ``in_progress`` until closed, once, as ``completed`` or ``incomplete``.
-    The values are the item's wire ``status``."""
-
-    IN_PROGRESS = "in_progress"
-    COMPLETED = "completed"
-    INCOMPLETE = "incomplete"
-
-
-class PartState(Enum):
-    """A content part or reasoning summary part: ``in_progress`` from its ``*.added`` event, then
-    ``completed`` with its two ``*.done`` events, or ``incomplete`` when ``fail()`` cuts it off."""
+class OutputState(Enum):
+    """An output item, or a content part or reasoning summary part of one: ``in_progress`` until
+    closed, once, as ``completed`` or ``incomplete``. An item's value is its wire ``status``; a part
+    opens with its ``*.added`` event, completes with its two ``*.done`` events, and is left
+    ``incomplete`` when ``fail()`` cuts it off."""
 
     IN_PROGRESS = "in_progress"
     COMPLETED = "completed"
@@ -122,8 +116,7 @@ _REASONING = _PartKind(
 
 # Bound once: the per-delta checks compare against these.
 _LIVE = ResponseState.IN_PROGRESS
-_ITEM_OPEN = ItemState.IN_PROGRESS
-_PART_OPEN = PartState.IN_PROGRESS
+_OPEN = OutputState.IN_PROGRESS
 _TERMINAL = (ResponseState.COMPLETED, ResponseState.INCOMPLETE, ResponseState.FAILED)
 _INCOMPLETE_REASON = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
@@ -141,25 +134,81 @@ def _new_item(kind: str) -> dict[str, Any]:
     return {"id": new_id("rs"), "type": kind, "status": "in_progress", "summary": []}
 
 
+class _OpenItem:
+    """The latest output item and its latest part, with the state of each (``state`` None: no item
+    yet): what is streaming now. A new item gets a new one; its parts come and go inside it."""
+
+    __slots__ = (
+        "item",
+        "kind",
+        "logprobs",
+        "part",
+        "part_index",
+        "part_kind",
+        "part_state",
+        "state",
+        "summary_key",
+        "summary_keys",
+        "template",
+        "texts",
+    )
+
+    def __init__(self, item: dict[str, Any], state: OutputState | None = _OPEN) -> None:
+        self.item = item
+        self.kind: str = item.get("type", "")  # the item's type
+        self.state = state
+        self.part: dict[str, Any] = {}
+        self.part_kind: _PartKind | None = None  # None: no part yet (or a function call's arguments)
+        self.part_index = -1
+        self.part_state: OutputState | None = None
+        self.summary_keys: set[int] = set()  # the adapter's summary part numbers seen in this item
+        self.summary_key = -1  # the open summary part's
+        self.texts: list[str] = []  # the open part's (or call's arguments') pieces
+        self.logprobs: list[dict[str, Any]] | None = None  # of the open output_text part, if any came
+        self.template: Event | None = None  # a copy of the open part's (or call's) first delta event
+
+    def is_open(self, kind: str) -> bool:
+        return self.state is _OPEN and self.kind == kind
+
+    def open_part(self, kind: _PartKind, part: dict[str, Any], index: int) -> None:
+        self.part = part
+        self.part_kind = kind
+        self.part_index = index
+        self.part_state = _OPEN
+        self.texts = []
+        self.logprobs = None
+        self.template = None
+
+    def end(self, to: OutputState) -> None:
+        """The item's state machine: in_progress → completed | incomplete, once."""
+        if self.state is not _OPEN or to is _OPEN:
+            now = "none" if self.state is None else self.state.value
+            raise IllegalTransition(f"output item {now} cannot become {to.value}")
+        self.state = to
+        self.item["status"] = to.value
+
+    def end_part(self, to: OutputState) -> str:
+        """The part's state machine: in_progress → completed | incomplete, once. Returns its text."""
+        kind = self.part_kind
+        if self.part_state is not _OPEN or to is _OPEN or kind is None:
+            now = "none" if self.part_state is None else self.part_state.value
+            raise IllegalTransition(f"content part {now} cannot become {to.value}")
+        self.part_state = to
+        text = self.part[kind.key] = "".join(self.texts)
+        return text
+
+
+_NO_ITEM: dict[str, Any] = {}
+
+
 class ResponseBuilder:
     __slots__ = (
         "_call_keys",
         "_error_event",
         "_finish",
-        "_item",
-        "_item_kind",
-        "_item_state",
-        "_kind",
-        "_logprobs",
         "_oi",
-        "_part",
-        "_part_index",
-        "_part_state",
+        "_open",
         "_seq",
-        "_summary_key",
-        "_summary_keys",
-        "_template",
-        "_texts",
         "resource",
         "state",
     )
@@ -173,19 +222,7 @@ class ResponseBuilder:
         self.state = ResponseState.NEW
         self._seq = 0
         self._oi = -1
-        # The latest item and part; the states say whether they are still open.
-        self._item: dict[str, Any] = {}
-        self._item_kind = ""
-        self._item_state: ItemState | None = None
-        self._part: dict[str, Any] = {}
-        self._kind: _PartKind | None = None
-        self._part_index = -1
-        self._part_state: PartState | None = None
-        self._summary_keys: set[int] = set()  # the adapter's summary part numbers seen in this item
-        self._summary_key = -1  # the open summary part's
-        self._texts: list[str] = []  # the open part's (or call's arguments') pieces
-        self._logprobs: list[dict[str, Any]] | None = None  # of the open output_text part, if any came
-        self._template: Event | None = None  # a copy of the open part's (or call's) first delta event
+        self._open = _OpenItem(_NO_ITEM, None)  # the latest item and part; their states say if open
         self._call_keys: dict[int | str, dict[str, Any]] = {}
         self._finish: str | None = None
 
@@ -203,10 +240,11 @@ class ResponseBuilder:
     def _delta(self, text: str) -> Event:
         """The next ``*.delta`` event of the open part or function call. The first is built by
         ``_event``; the rest copy it with a new number and text (the per-token hot path)."""
-        template = self._template
+        cur = self._open
+        template = cur.template
         if template is None:
-            item_id = self._item["id"]
-            kind = self._kind
+            item_id = cur.item["id"]
+            kind = cur.part_kind
             if kind is None:  # a function call
                 event = self._event(
                     "response.function_call_arguments.delta",
@@ -219,10 +257,10 @@ class ResponseBuilder:
                     kind.delta,
                     item_id=item_id,
                     output_index=self._oi,
-                    **{kind.index: self._part_index},
+                    **{kind.index: cur.part_index},
                     delta=text,
                 )
-            self._template = event.copy()  # the caller may change its copy (logprobs, renumbering)
+            cur.template = event.copy()  # the caller may change its copy (logprobs, renumbering)
             return event
         event = template.copy()
         event["sequence_number"] = self._next()
@@ -254,9 +292,10 @@ class ResponseBuilder:
                 logprobs = delta.logprobs
                 if logprobs:
                     events[-1]["logprobs"] = logprobs
-                    if self._logprobs is None:
-                        self._logprobs = []
-                    self._logprobs.extend(logprobs)
+                    cur = self._open
+                    if cur.logprobs is None:
+                        cur.logprobs = []
+                    cur.logprobs.extend(logprobs)
                 return events
             case ToolCallArgsDelta():
                 return self._args(delta)
@@ -269,8 +308,8 @@ class ResponseBuilder:
             case ToolCallStart():
                 return self._call_start(delta)
             case ReasoningEncrypted():
-                events = [] if self._item_open("reasoning") else self._open_item(_new_item("reasoning"))
-                self._item["encrypted_content"] = delta.content
+                events = [] if self._open.is_open("reasoning") else self._open_item(_new_item("reasoning"))
+                self._open.item["encrypted_content"] = delta.content
                 return events
             case Usage():
                 self._usage(delta)
@@ -279,7 +318,7 @@ class ResponseBuilder:
                 self._finish = delta.reason
                 return []
             case ItemDone():
-                return self._close_item(ItemState.COMPLETED)
+                return self._close_item(OutputState.COMPLETED)
             case _:
                 raise IllegalTransition(f"unknown delta {type(delta).__name__}")
 
@@ -295,7 +334,7 @@ class ResponseBuilder:
         events.append(
             self._event("response.compaction.compacting", item_id=item["id"], output_index=self._oi)
         )
-        events += self._close_item(ItemState.COMPLETED)
+        events += self._close_item(OutputState.COMPLETED)
         return events
 
     def finish(self) -> list[Event]:
@@ -303,7 +342,7 @@ class ResponseBuilder:
         if self.state is not _LIVE:
             raise IllegalTransition(f"finish() after the response left in_progress ({self.state.value})")
         reason = _INCOMPLETE_REASON.get(self._finish or "")
-        events = self._close_item(ItemState.INCOMPLETE if reason else ItemState.COMPLETED)
+        events = self._close_item(OutputState.INCOMPLETE if reason else OutputState.COMPLETED)
         res = self.resource
         if reason:
             self.state = ResponseState.INCOMPLETE
@@ -321,7 +360,7 @@ class ResponseBuilder:
     @property
     def call_open(self) -> bool:
         """A function call's arguments are still streaming (not a safe boundary to stop at)."""
-        return self._item_state is _ITEM_OPEN and self._item_kind == "function_call"
+        return self._open.is_open("function_call")
 
     def interrupt(self, reason: str) -> list[Event]:
         """End the response at a safe boundary (steering): the open part is closed with the text so
@@ -330,7 +369,7 @@ class ResponseBuilder:
         ``completed``), then ``response.incomplete`` with ``incomplete_details.reason``."""
         if self.state is not _LIVE:
             raise IllegalTransition(f"interrupt() after the response left in_progress ({self.state.value})")
-        cut = ItemState.COMPLETED if self.call_open else ItemState.INCOMPLETE
+        cut = OutputState.COMPLETED if self.call_open else OutputState.INCOMPLETE
         events = self._close_item(cut)
         res = self.resource
         self.state = ResponseState.INCOMPLETE
@@ -345,12 +384,13 @@ class ResponseBuilder:
         if self.state in _TERMINAL:
             raise IllegalTransition(f"fail() after the response ended ({self.state.value})")
         started = self.state is ResponseState.IN_PROGRESS
-        if self._item_state is _ITEM_OPEN:  # keep what was streamed so far in the final snapshot
-            if self._part_state is _PART_OPEN:
-                self._end_part(PartState.INCOMPLETE)
-            elif self._item_kind == "function_call":
-                self._item["arguments"] = "".join(self._texts)
-            self._end_item(ItemState.INCOMPLETE)
+        cur = self._open
+        if cur.state is _OPEN:  # keep what was streamed so far in the final snapshot
+            if cur.part_state is _OPEN:
+                cur.end_part(OutputState.INCOMPLETE)
+            elif cur.kind == "function_call":
+                cur.item["arguments"] = "".join(cur.texts)
+            cur.end(OutputState.INCOMPLETE)
         self.state = ResponseState.FAILED
         return self._failed(error, started)
 
@@ -374,38 +414,25 @@ class ResponseBuilder:
         return events
 
     # -- items ------------------------------------------------------------------------------------
-    def _item_open(self, kind: str) -> bool:
-        return self._item_state is _ITEM_OPEN and self._item_kind == kind
-
     def _open_item(self, item: dict[str, Any]) -> list[Event]:
         """Close the open item, if any, and open ``item``."""
-        events = self._close_item(ItemState.COMPLETED)
-        kind = item["type"]
-        if kind == "reasoning":
-            self._summary_keys = set()
-        elif kind == "function_call":
-            self._texts = []
-            self._template = None
+        events = self._close_item(OutputState.COMPLETED)
         self._oi += 1
-        self._item = item
-        self._item_kind = kind
-        self._item_state = _ITEM_OPEN
-        self._kind = None
-        self._part_index = -1
-        self._part_state = None
+        self._open = _OpenItem(item)
         self.resource["output"].append(item)
         added = {k: (list(v) if isinstance(v, list) else v) for k, v in item.items()}
         events.append(self._event("response.output_item.added", output_index=self._oi, item=added))
         return events
 
-    def _close_item(self, to: ItemState) -> list[Event]:
+    def _close_item(self, to: OutputState) -> list[Event]:
         """Close the open item, if any, as ``to``."""
-        if self._item_state is not _ITEM_OPEN:
+        cur = self._open
+        if cur.state is not _OPEN:
             return []
-        item = self._item
+        item = cur.item
         events = self._close_part()
-        if self._item_kind == "function_call":
-            item["arguments"] = "".join(self._texts)
+        if cur.kind == "function_call":
+            item["arguments"] = "".join(cur.texts)
             events.append(
                 self._event(
                     "response.function_call_arguments.done",
@@ -414,29 +441,22 @@ class ResponseBuilder:
                     arguments=item["arguments"],
                 )
             )
-        self._end_item(to)
+        cur.end(to)
         events.append(self._event("response.output_item.done", output_index=self._oi, item=item))
         return events
-
-    def _end_item(self, to: ItemState) -> None:
-        """The item state machine: in_progress → completed | incomplete, once."""
-        if self._item_state is not _ITEM_OPEN or to is _ITEM_OPEN:
-            now = "none" if self._item_state is None else self._item_state.value
-            raise IllegalTransition(f"output item {now} cannot become {to.value}")
-        self._item_state = to
-        self._item["status"] = to.value
 
     # -- parts ------------------------------------------------------------------------------------
     def _piece(self, kind: _PartKind, text: str) -> list[Event]:
         """``text`` for a part of ``kind``: the open one, or a new one (in a new item if need be)."""
-        if self._part_state is _PART_OPEN and self._kind is kind:
-            self._texts.append(text)
+        cur = self._open
+        if cur.part_state is _OPEN and cur.part_kind is kind:
+            cur.texts.append(text)
             return [self._delta(text)]
         return self._new_piece(kind, text)
 
     def _new_piece(self, kind: _PartKind, text: str) -> list[Event]:
         events = self._open_part(kind)
-        self._texts.append(text)
+        self._open.texts.append(text)
         events.append(self._delta(text))
         return events
 
@@ -444,34 +464,32 @@ class ResponseBuilder:
         """Summary text for the adapter's summary part ``d.part``. A number not seen in this reasoning
         item opens the next summary part (numbered densely, in order, whatever the adapter's
         numbers); a part once closed takes no more text."""
-        if self._part_state is _PART_OPEN and self._kind is _SUMMARY and self._summary_key == d.part:
-            self._texts.append(d.text)
+        cur = self._open
+        if cur.part_state is _OPEN and cur.part_kind is _SUMMARY and cur.summary_key == d.part:
+            cur.texts.append(d.text)
             return [self._delta(d.text)]
-        if d.part in self._summary_keys and self._item_open("reasoning"):
+        if d.part in cur.summary_keys and cur.is_open("reasoning"):
             raise IllegalTransition(f"reasoning summary part {d.part} is already closed")
         events = self._new_piece(_SUMMARY, d.text)
-        self._summary_keys.add(d.part)
-        self._summary_key = d.part
+        cur = self._open  # perhaps a new reasoning item
+        cur.summary_keys.add(d.part)
+        cur.summary_key = d.part
         return events
 
     def _open_part(self, kind: _PartKind) -> list[Event]:
-        if self._item_open(kind.item):
+        if self._open.is_open(kind.item):
             events = self._close_part()
         else:
             events = self._open_item(_new_item(kind.item))
-        item = self._item
+        cur = self._open
+        item = cur.item
         parts = item.setdefault(kind.parts, [])
         part: dict[str, Any] = {"type": kind.type, kind.key: ""}
         if kind is _TEXT:
             part["annotations"] = []
         parts.append(part)
-        self._part = part
-        self._kind = kind
-        self._part_index = index = len(parts) - 1
-        self._part_state = _PART_OPEN
-        self._texts = []
-        self._logprobs = None
-        self._template = None
+        index = len(parts) - 1
+        cur.open_part(kind, part, index)
         events.append(
             self._event(
                 kind.added, item_id=item["id"], output_index=self._oi, **{kind.index: index}, part=dict(part)
@@ -481,28 +499,20 @@ class ResponseBuilder:
 
     def _close_part(self) -> list[Event]:
         """Close the open part, if any: its ``*.done`` event, then the part's."""
-        if self._part_state is not _PART_OPEN:
+        cur = self._open
+        if cur.part_state is not _OPEN:
             return []
-        kind = self._kind
+        kind = cur.part_kind
         assert kind is not None
-        text = self._end_part(PartState.COMPLETED)
-        part = self._part
-        item_id = self._item["id"]
-        index = {kind.index: self._part_index}
+        text = cur.end_part(OutputState.COMPLETED)
+        part = cur.part
+        item_id = cur.item["id"]
+        index = {kind.index: cur.part_index}
         done = self._event(kind.done, item_id=item_id, output_index=self._oi, **index, **{kind.key: text})
-        if self._logprobs is not None:
-            part["logprobs"] = done["logprobs"] = self._logprobs
-            self._logprobs = None
+        if cur.logprobs is not None:
+            part["logprobs"] = done["logprobs"] = cur.logprobs
+            cur.logprobs = None
         return [done, self._event(kind.part_done, item_id=item_id, output_index=self._oi, **index, part=part)]
-
-    def _end_part(self, to: PartState) -> str:
-        """The part state machine: in_progress → completed | incomplete, once. Returns its text."""
-        if self._part_state is not _PART_OPEN or to is _PART_OPEN or self._kind is None:
-            now = "none" if self._part_state is None else self._part_state.value
-            raise IllegalTransition(f"content part {now} cannot become {to.value}")
-        self._part_state = to
-        text = self._part[self._kind.key] = "".join(self._texts)
-        return text
 
     # -- function calls ---------------------------------------------------------------------------
     def _call_start(self, d: ToolCallStart) -> list[Event]:
@@ -522,9 +532,10 @@ class ResponseBuilder:
         return self._open_item(item)
 
     def _args(self, d: ToolCallArgsDelta) -> list[Event]:
-        if self._call_keys.get(d.key) is not self._item or self._item_state is not _ITEM_OPEN:
+        cur = self._open
+        if self._call_keys.get(d.key) is not cur.item or cur.state is not _OPEN:
             raise IllegalTransition(f"arguments for a tool call that is not open ({d.key!r})")
-        self._texts.append(d.delta)
+        cur.texts.append(d.delta)
         return [self._delta(d.delta)]
 
     # -- usage ------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Tenancy limits, the policy: which limits apply to a request, the reservation before the upstream
-call and its settlement at the end of the turn, the refusals and the ``x-ratelimit-*`` headers.
+call and its settlement at the end of the turn, the refusals and the figures of the
+``x-ratelimit-*`` headers.
 
 A key's limits (``auth.api_keys[].limits``) and its tenant's (``tenants.<name>.limits``) both apply,
 so the stricter wins; a budget is the tenant's. The counters live in ``state/limits/`` (in process,
@@ -27,8 +28,9 @@ When the limiter cannot answer (Redis down or slower than ``state.timeout_second
 with 503. The outage is logged once when it starts and once when it ends, and counted
 (``errors``, shown on /metrics).
 
-The ``x-ratelimit-*`` headers are built here (``_headers``), all six whenever a per-minute limit
-applies; a dimension without a limit reads ``UNLIMITED``.
+An admission's figures (``_standing``: per dimension, the limit with the least left) travel as a
+``RateStanding``, on the ``Reservation`` and on a refusal; the transport writes them as the
+``x-ratelimit-*`` headers (``gateway/api/common.py`` ``rate_limit_headers``).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ import structlog
 
 from gateway.engine.auth import Principal
 from gateway.engine.telemetry import NOOP_OBSERVER, Observer
-from gateway.kernel.errors import QuotaExceeded, RateLimited, ServiceUnavailable
+from gateway.kernel.errors import QuotaExceeded, RateLimited, RateStanding, RateWindow, ServiceUnavailable
 from gateway.kernel.ids import new_id
 from gateway.kernel.settings import Settings, TenantSettings
 from state.limits.base import Check, Limiter, Outcome
@@ -62,9 +64,6 @@ _LIMIT_NAMES = {
 _WHAT = {"rpm": "requests per minute", "tpm": "tokens per minute", "conc": "concurrent requests"}
 # a lease outlives its request's deadline by this much (the hooks and the last sends after the call)
 LEASE_MARGIN_SECONDS = 60.0
-# what the headers say of a dimension no limit applies to: no client's integer type overflows on it
-UNLIMITED = 2**31 - 1
-_UNLIMITED = str(UNLIMITED)
 _MAX_PENDING = 10_000  # compensations waiting for the limiter: past this, new ones are given up
 _RETRY_FIRST, _RETRY_MAX = 0.05, 2.0  # seconds between a compensation's tries
 
@@ -96,7 +95,7 @@ class Reservation:
     rid: str
     tokens: int
     lease_ms: int
-    headers: dict[str, str]
+    standing: RateStanding | None  # None: no per-minute limit applies
     settled: bool = False
 
 
@@ -214,15 +213,15 @@ class TenantLimiter:
             self._compensate(lambda: self.limiter.release(tenant, checks, rid, tokens), lease_ms)
             raise
         self._ok()
-        headers = _headers(checks, out)
+        standing = _standing(checks, out)
         if out.failed is not None:
             check = checks[out.failed]
             if check.kind == "b":  # when the period ends (check.extra may be from earlier)
                 budget = self._tenant(tenant).budget
                 check = replace(check, extra=self._period(budget.period if budget else "day")[1])
             self.observer.rate_limited(tenant, _limit_name(check))
-            raise _refusal(check, labels[out.failed], out, tokens, headers)
-        return Reservation(tenant, checks, rid, tokens, lease_ms, headers)
+            raise _refusal(check, labels[out.failed], out, tokens, standing)
+        return Reservation(tenant, checks, rid, tokens, lease_ms, standing)
 
     def _unavailable(self) -> None:
         """The limiter could not answer: refused (deny), or served unlimited (allow)."""
@@ -331,35 +330,25 @@ def _limit_name(check: Check) -> str:
     return _LIMIT_NAMES.get(check.name.rpartition(":")[2], "_other")
 
 
-def _headers(checks: list[Check], out: Outcome) -> dict[str, str]:
-    """The six ``x-ratelimit-*`` headers, whenever a per-minute limit applies: for requests and
-    for tokens, the limit with the least left (the key's or the tenant's); a dimension no limit
-    applies to reads ``UNLIMITED`` with a reset of 0s."""
-    best: dict[str, tuple[int, int, int]] = {}  # kind: remaining, limit, reset
+def _standing(checks: list[Check], out: Outcome) -> RateStanding | None:
+    """Whenever a per-minute limit applies: for requests and for tokens, the limit with the least
+    left (the key's or the tenant's); None for a dimension no limit applies to."""
+    best: dict[str, RateWindow] = {}
     for i in range(len(out.used)):
         c = checks[i]
         if c.kind == "r" or c.kind == "t":
             left = c.limit - out.used[i]
             have = best.get(c.kind)
-            if have is None or left < have[0]:
-                best[c.kind] = (left if left > 0 else 0, c.limit, out.reset_ms[i])
+            if have is None or left < have.remaining:
+                best[c.kind] = RateWindow(c.limit, left if left > 0 else 0, out.reset_ms[i])
     if not best and not any(c.kind in "rt" for c in checks):
-        return {}
-    headers: dict[str, str] = {}
-    for kind, what in (("r", "requests"), ("t", "tokens")):
-        found = best.get(kind)
-        if found is None:
-            headers[f"x-ratelimit-limit-{what}"] = headers[f"x-ratelimit-remaining-{what}"] = _UNLIMITED
-            headers[f"x-ratelimit-reset-{what}"] = "0s"
-            continue
-        left, limit, reset = found
-        headers[f"x-ratelimit-limit-{what}"] = str(limit)
-        headers[f"x-ratelimit-remaining-{what}"] = str(left)
-        headers[f"x-ratelimit-reset-{what}"] = reset_text(reset)
-    return headers
+        return None
+    return RateStanding(best.get("r"), best.get("t"))
 
 
-def _refusal(check: Check, label: str, out: Outcome, tokens: int, headers: dict[str, str]) -> RateLimited:
+def _refusal(
+    check: Check, label: str, out: Outcome, tokens: int, standing: RateStanding | None
+) -> RateLimited:
     never = out.retry_ms < 0
     retry = 60.0 if never else max(1.0, math.ceil(out.retry_ms / 1000))
     if check.kind == "b":
@@ -368,7 +357,7 @@ def _refusal(check: Check, label: str, out: Outcome, tokens: int, headers: dict[
             msg = f"This request's estimated {tokens} tokens exceed the {label}."
         else:
             msg = f"Token budget exhausted: {label}; it renews in {reset_text(check.extra)}."
-        return QuotaExceeded(msg, retry_after=retry, headers=headers)
+        return QuotaExceeded(msg, retry_after=retry, standing=standing)
     if never:
         msg = (
             f"This request's estimated {tokens} tokens exceed the limit on {label}; send less input "
@@ -376,4 +365,4 @@ def _refusal(check: Check, label: str, out: Outcome, tokens: int, headers: dict[
         )
     else:
         msg = f"Rate limit reached for {label}. Retry in {reset_text(out.retry_ms)}."
-    return RateLimited(msg, retry_after=retry, headers=headers)
+    return RateLimited(msg, retry_after=retry, standing=standing)

@@ -262,7 +262,7 @@ class Gateway:
                 await self.store_health.release(principal.tenant, rid)
             raise
         if held is not None:
-            turn.rate_headers = held.headers
+            turn.rate_standing = held.standing
             turn.on_end(self._settle_hook(held, estimated))  # runs whatever the other hooks do
         return turn
 

@@ -46,7 +46,7 @@ from gateway.engine.telemetry import (
     Tracer,
     upstream_outcome,
 )
-from gateway.kernel.errors import ErrorCode, GatewayError, ServerError, UpstreamError
+from gateway.kernel.errors import ErrorCode, GatewayError, RateStanding, ServerError, UpstreamError
 from gateway.kernel.settings import RetrySettings
 from gateway.kernel.tool_choice import parse_tool_choice
 
@@ -91,6 +91,50 @@ class TurnResult:
 TurnHook = Callable[[TurnResult], Awaitable[None] | None]
 
 
+@dataclass(slots=True)
+class UpstreamCall:
+    """One try of a turn on one deployment, from its request until it ends: the balancer's record
+    of it (``lease``, balance.py), its ``upstream_attempt`` sample and its span, each closed once,
+    by ``close`` (or ``failed``, for a try that failed before its first delta)."""
+
+    target: Deployment
+    request: UpstreamRequest  # as sent: the deployment's model, the span's traceparent
+    lease: Attempt
+    span: Span
+    observer: Observer
+    number: int  # the try's place on its route, from 0
+    start: float = dataclasses.field(default_factory=time.perf_counter)
+    closed: bool = False
+
+    def close(self, outcome: str, failure: str | None = None) -> None:
+        """The try is over with ``outcome`` (``upstream_outcome``); ``failure``: what the span's
+        error says unless the outcome is ok. Once: a second close does nothing."""
+        if self.closed:
+            return
+        self.closed = True
+        self.lease.end()
+        self.observer.upstream_attempt(self.target, outcome, time.perf_counter() - self.start)
+        if outcome != "ok":
+            self.span.fail(failure)
+        self.span.end()
+
+    def failed(self, exc: UpstreamError, request_id: str | None) -> None:
+        """The try failed before its first delta: the balancer hears of it, then it closes."""
+        self.lease.failed(exc)
+        self.close(upstream_outcome(exc), exc.code)
+        target = self.target
+        log.warning(
+            "upstream_failed",
+            request_id=request_id,
+            provider=target.provider,
+            deployment=target.name,
+            attempt=self.number + 1,
+            code=exc.code,
+            upstream_status=exc.upstream_status,
+            retryable=exc.retryable,
+        )
+
+
 def _backoff(attempt: int, retry: RetrySettings, retry_after: float | None) -> float:
     if retry_after is not None:
         return min(retry_after, retry.retry_after_cap)
@@ -102,7 +146,7 @@ class Turn:
 
     __slots__ = (
         "_allowed",
-        "_attempt",
+        "_call",
         "_cut",
         "_decided",
         "_dropped",
@@ -115,13 +159,12 @@ class Turn:
         "_stop",
         "_stream",
         "_task",
-        "_timing",
         "affinity",
         "builder",
         "compaction",
         "max_events",
         "observer",
-        "rate_headers",
+        "rate_standing",
         "request",
         "result",
         "tracer",
@@ -151,7 +194,7 @@ class Turn:
             route=route, context=context, resource=resource, request_id=request_id, provider=route.provider
         )
         self._stream: AsyncIterator[Delta] | None = None
-        self._attempt: Attempt | None = None  # the open try: in flight on its deployment until closed
+        self._call: UpstreamCall | None = None  # the try that answered, until its stream ends
         self._label: contextvars.Token[Any] | None = None  # undoes the log lines' deployment field
         self._first: Delta | None = None
         self._allowed = parse_tool_choice(request.tool_choice).permitted(request.tools)
@@ -160,8 +203,6 @@ class Turn:
         self._hooks_done = False
         # a compaction item sealed before sampling (inline compaction), announced first
         self.compaction: dict[str, Any] | None = None
-        # the try that answered: its deployment, start (perf_counter) and span, until the stream ends
-        self._timing: tuple[Deployment, float, Span] | None = None
         # a stop was asked for: with this incomplete_details.reason, or a failure (``abort``)
         self._stop: str | GatewayError | None = None
         self._decided = False  # the stream loop is over: a stop can no longer change the outcome
@@ -169,8 +210,8 @@ class Turn:
         self._reading = False  # the relay is awaiting the upstream's next delta
         self._cut = False  # the stop cancelled that await
         self._task: asyncio.Task[Any] | None = None
-        # the x-ratelimit-* headers of the admission (gateway/engine/limits.py), for the transport
-        self.rate_headers: dict[str, str] = {}
+        # the admission's per-minute figures (gateway/engine/limits.py): the transport's x-ratelimit-*
+        self.rate_standing: RateStanding | None = None
 
     @property
     def route(self) -> Route:
@@ -300,77 +341,39 @@ class Turn:
         began = time.perf_counter()
         deadline = time.monotonic() + primary.total_seconds
         self.request.deadline = deadline  # the turn's own request: no other turn sees it
-        observer = self.observer
         last: UpstreamError | None = None
         for route in (primary, *primary.fallbacks):
             if route is not primary:
-                observer.fallback(primary, route)
+                self.observer.fallback(primary, route)
             balancer = route.chooser
             tried: set[int] = set()
             index = balancer.pick(self.affinity)
-            for attempt in range(route.tries):
-                target = route.deployments[index]
-                request = self.request
-                if request.model != target.upstream_model:
-                    request = dataclasses.replace(request, model=target.upstream_model)
-                self.result.provider, self.result.deployment = target.provider, target.name
-                # the upstream_call lines the adapter writes carry the deployment too
-                bound = structlog.contextvars.bind_contextvars(deployment=target.name)
-                if self._label is None:
-                    self._label = bound["deployment"]
-                span = self.tracer.attempt(route, target, attempt, fallback=route is not primary)
-                if span.recording:  # the upstream call names its span (W3C traceparent)
-                    request = dataclasses.replace(request, trace_headers=span.trace_headers())
-                tried_on = balancer.start(index)
-                start = time.perf_counter()
-                stream = target.adapter.stream(request)
+            for number in range(route.tries):
+                call = self._try(route, index, number, route is not primary)
+                stream = call.target.adapter.stream(call.request)
                 try:
                     self._first = await anext(stream)
                 except StopAsyncIteration:
                     self._first = None
                 except UpstreamError as exc:
                     await _close(stream)
-                    tried_on.failed(exc)
-                    tried_on.end()
-                    observer.upstream_attempt(target, upstream_outcome(exc), time.perf_counter() - start)
-                    span.fail(exc.code)
-                    span.end()
+                    call.failed(exc, self.result.request_id)
                     last = exc
-                    log.warning(
-                        "upstream_failed",
-                        request_id=self.result.request_id,
-                        provider=target.provider,
-                        deployment=target.name,
-                        attempt=attempt + 1,
-                        code=exc.code,
-                        upstream_status=exc.upstream_status,
-                        retryable=exc.retryable,
-                    )
                     if not exc.retryable:
                         raise
                     tried.add(index)
-                    if attempt + 1 < route.tries:
+                    if number + 1 < route.tries:
                         index = balancer.pick(self.affinity, tried)
-                        # another deployment right away; the same one again after the backoff
-                        wait = _backoff(attempt, target.retry, exc.retry_after) if index in tried else 0.0
-                        if time.monotonic() + wait >= deadline:
-                            raise  # the retry could not finish in time: the client hears now
-                        observer.upstream_retry(target)
-                        if wait:
-                            await asyncio.sleep(wait)
+                        await self._before_retry(call, exc, index in tried, deadline)
                     continue
                 except BaseException as exc:
                     await _close(stream)
-                    tried_on.end()
-                    observer.upstream_attempt(target, upstream_outcome(exc), time.perf_counter() - start)
-                    span.fail(getattr(exc, "code", None) or type(exc).__name__)
-                    span.end()
+                    call.close(upstream_outcome(exc), getattr(exc, "code", None) or type(exc).__name__)
                     raise
-                tried_on.opened()
-                self._stream, self._attempt = stream, tried_on
-                self._timing = (target, start, span)
-                if request.stream:
-                    observer.first_token(primary, target, time.perf_counter() - began)
+                call.lease.opened()
+                self._stream, self._call = stream, call
+                if call.request.stream:
+                    self.observer.first_token(primary, call.target, time.perf_counter() - began)
                 if route is not primary:
                     log.info(
                         "fallback_used",
@@ -387,6 +390,38 @@ class Turn:
             )
         assert last is not None
         raise last
+
+    def _try(self, route: Route, index: int, number: int, fallback: bool) -> UpstreamCall:
+        """Start try ``number`` on the route's deployment ``index``: the request as that deployment
+        takes it, the log lines' deployment field, the span, and the balancer's record."""
+        target = route.deployments[index]
+        request = self.request
+        if request.model != target.upstream_model:
+            request = dataclasses.replace(request, model=target.upstream_model)
+        self.result.provider, self.result.deployment = target.provider, target.name
+        # the upstream_call lines the adapter writes carry the deployment too
+        bound = structlog.contextvars.bind_contextvars(deployment=target.name)
+        if self._label is None:
+            self._label = bound["deployment"]
+        span = self.tracer.attempt(route, target, number, fallback=fallback)
+        if span.recording:  # the upstream call names its span (W3C traceparent)
+            request = dataclasses.replace(request, trace_headers=span.trace_headers())
+        lease = route.chooser.start(index)
+        return UpstreamCall(target, request, lease, span, self.observer, number)
+
+    async def _before_retry(
+        self, call: UpstreamCall, exc: UpstreamError, again: bool, deadline: float
+    ) -> None:
+        """Another deployment is tried right away; ``again`` (the same one) after the backoff. A
+        retry that could not finish by ``deadline`` is not made: ``exc`` is raised, the client
+        hears now."""
+        target = call.target
+        wait = _backoff(call.number, target.retry, exc.retry_after) if again else 0.0
+        if time.monotonic() + wait >= deadline:
+            raise exc
+        self.observer.upstream_retry(target)
+        if wait:
+            await asyncio.sleep(wait)
 
     # -- streaming -------------------------------------------------------------------------------
     async def _events(self) -> AsyncGenerator[Event, None]:
@@ -444,27 +479,13 @@ class Turn:
             finally:
                 self._reading = False
                 self._decided = True
-            if stopped:
-                await self._close()  # cancel the upstream call before the end-of-turn hooks
-                stop = self._stop
-                assert stop is not None
-                if isinstance(stop, GatewayError):
-                    log.warning("turn_aborted", request_id=res.request_id, code=stop.code)
-                    terminal = b.fail(stop)
-                    res.error = stop
-                else:
-                    terminal = b.interrupt(stop)
-            else:
-                terminal = b.finish()
+            terminal = await self._stopped() if stopped else b.finish()
         except GatewayError as exc:
             log.warning("turn_failed", request_id=res.request_id, code=exc.code, provider=res.provider)
-            terminal = b.fail(exc)
-            res.error = exc
+            terminal = self._failed(exc)
         except Exception:  # an adapter bug must still end the stream cleanly
             log.exception("turn_crashed", request_id=res.request_id, provider=res.provider)
-            err = ServerError("The gateway failed while producing this response.")
-            terminal = b.fail(err)
-            res.error = err
+            terminal = self._failed(ServerError("The gateway failed while producing this response."))
         res.status = b.resource["status"]
         res.usage = b.resource.get("usage")
 
@@ -478,6 +499,22 @@ class Turn:
         await self._end(revoke if res.ended else None)
         for ev in terminal:
             yield ev
+
+    async def _stopped(self) -> list[Event]:
+        """The terminal events of a stop: the upstream call is cancelled first (before the
+        end-of-turn hooks), then the response ends incomplete (steering) or failed (``abort``)."""
+        await self._close()
+        stop = self._stop
+        assert stop is not None
+        if isinstance(stop, GatewayError):
+            log.warning("turn_aborted", request_id=self.result.request_id, code=stop.code)
+            return self._failed(stop)
+        return self.builder.interrupt(stop)
+
+    def _failed(self, error: GatewayError) -> list[Event]:
+        terminal = self.builder.fail(error)
+        self.result.error = error
+        return terminal
 
     def _stops_before(self, delta: Delta) -> bool:
         """A stop is pending: whether to end before ``delta`` (only an open call's own deltas pass,
@@ -514,24 +551,19 @@ class Turn:
         if self._stream is not None:
             stream, self._stream = self._stream, None
             await _close(stream)
-        if self._attempt is not None:
-            self._attempt.end()
-        if self._label is not None:
-            label, self._label = self._label, None
-            with contextlib.suppress(ValueError):  # closed from another context: nothing to undo
-                structlog.contextvars.reset_contextvars(deployment=label)
-        if self._timing is not None:
-            (target, start, span), self._timing = self._timing, None
+        if self._call is not None:
+            call, self._call = self._call, None
             err = self.result.error
             if isinstance(err, UpstreamError):
                 outcome = upstream_outcome(err)
             else:
                 # still in progress here: cancelled (run's finally marks it so after closing)
                 outcome = "cancelled" if self.result.status in ("in_progress", "cancelled") else "ok"
-            self.observer.upstream_attempt(target, outcome, time.perf_counter() - start)
-            if outcome != "ok":
-                span.fail(err.code if err is not None else outcome)
-            span.end()
+            call.close(outcome, err.code if err is not None else outcome)
+        if self._label is not None:
+            label, self._label = self._label, None
+            with contextlib.suppress(ValueError):  # closed from another context: nothing to undo
+                structlog.contextvars.reset_contextvars(deployment=label)
 
 
 class Warmup(Turn):

@@ -46,6 +46,7 @@ Upstream failures are translated into this tree inside the adapters; nothing ups
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -235,6 +236,25 @@ class PayloadTooLarge(InvalidRequest):
     code = ErrorCode.PAYLOAD_TOO_LARGE
 
 
+@dataclass(frozen=True, slots=True)
+class RateWindow:
+    """One per-minute dimension (requests or tokens) of a gateway limit: the limit with the least
+    left (the key's or the tenant's), what is left of it and when its window resets."""
+
+    limit: int
+    remaining: int
+    reset_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RateStanding:
+    """Where a request stands against its per-minute limits (the transport writes it as the
+    ``x-ratelimit-*`` headers); None for a dimension no limit applies to."""
+
+    requests: RateWindow | None
+    tokens: RateWindow | None
+
+
 class RateLimited(GatewayError):
     type = "too_many_requests"
     code = ErrorCode.RATE_LIMIT_EXCEEDED
@@ -244,12 +264,12 @@ class RateLimited(GatewayError):
         message: str,
         *,
         retry_after: float | None = None,
-        headers: dict[str, str] | None = None,
+        standing: RateStanding | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(message, **kw)
         self.retry_after = retry_after
-        self.headers = headers  # extra response headers (the x-ratelimit-* of a gateway limit)
+        self.standing = standing  # a gateway limit's figures (the reply's x-ratelimit-* headers)
 
 
 class QuotaExceeded(RateLimited):

@@ -15,7 +15,8 @@ import orjson
 import pytest
 from websockets.exceptions import InvalidStatus
 
-from gateway.engine.limits import UNLIMITED, reset_text
+from gateway.api.common import UNLIMITED
+from gateway.engine.limits import reset_text
 from tests.api.helpers import serve_cli, wait_until_up
 from tests.harness import ServedApp, free_port, serve_gateway
 from tests.redis_server import delete_prefix, redis_url, unique_prefix

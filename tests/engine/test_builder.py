@@ -21,7 +21,7 @@ from adapters.deltas import (
     ToolCallStart,
     Usage,
 )
-from gateway.engine.builder import ItemState, PartState, ResponseBuilder
+from gateway.engine.builder import OutputState, ResponseBuilder
 from gateway.engine.resource import new_resource
 from gateway.kernel.errors import IllegalTransition, UpstreamError
 from gateway.kernel.spec.request import CreateResponseBody
@@ -309,14 +309,13 @@ def test_illegal_transition_is_an_upstream_protocol_error() -> None:
 
 
 def test_item_and_part_states_carry_the_wire_strings() -> None:
-    assert [s.value for s in ItemState] == ["in_progress", "completed", "incomplete"]
-    assert [s.value for s in PartState] == ["in_progress", "completed", "incomplete"]
+    assert [s.value for s in OutputState] == ["in_progress", "completed", "incomplete"]
     b = fresh_builder()
     b.start()
     b.feed(TextDelta("a"))
-    assert (b._item_state, b._part_state) == (ItemState.IN_PROGRESS, PartState.IN_PROGRESS)
+    assert (b._open.state, b._open.part_state) == (OutputState.IN_PROGRESS, OutputState.IN_PROGRESS)
     b.feed(ItemDone())
-    assert (b._item_state, b._part_state) == (ItemState.COMPLETED, PartState.COMPLETED)
+    assert (b._open.state, b._open.part_state) == (OutputState.COMPLETED, OutputState.COMPLETED)
     b.feed(ItemDone())  # nothing open: nothing to close
     assert b.resource["output"][0]["status"] == "completed"
 
@@ -325,15 +324,15 @@ def test_an_item_or_part_closes_once() -> None:
     b = fresh_builder()
     b.start()
     with pytest.raises(IllegalTransition):
-        b._end_item(ItemState.COMPLETED)  # no item yet
+        b._open.end(OutputState.COMPLETED)  # no item yet
     b.feed(TextDelta("a"))
     with pytest.raises(IllegalTransition):
-        b._end_item(ItemState.IN_PROGRESS)  # open is not an end
+        b._open.end(OutputState.IN_PROGRESS)  # open is not an end
     b.feed(ItemDone())
     with pytest.raises(IllegalTransition):
-        b._end_item(ItemState.INCOMPLETE)
+        b._open.end(OutputState.INCOMPLETE)
     with pytest.raises(IllegalTransition):
-        b._end_part(PartState.COMPLETED)
+        b._open.end_part(OutputState.COMPLETED)
     assert b.resource["output"][0]["status"] == "completed"
 
 
