@@ -30,18 +30,18 @@ The record lives as long as what it charged can need undoing: the lease (the req
 when a lease or tokens are charged, else the 61 s of a request count; a tombstone lives an hour
 (an admission stuck longer than that on a frozen server is not undone).
 
-The counters (``Check.kind``):
+The counters (``Check.kind``, a ``CheckKind``; the Lua scripts compare its letter):
 
-- ``r`` requests and ``t`` tokens: a sliding window of per-second buckets (a hash: second →
+- ``REQUESTS`` (``r``) and ``TOKENS`` (``t``): a sliding window of per-second buckets (a hash: second →
   count, plus the running total and the oldest and newest second, so a check costs a few
   commands whatever the rate, and memory is at most 61 fields): a charge counts until 61 s after
   the start of its second, so never fewer than 60 s: at most ``limit`` in any 60 s window, and no
   double burst at a minute boundary (a sorted-set log would be exact to the millisecond but grow
   by one entry per request: 60 × the request rate). A settlement adjusts the bucket its
   reservation went into.
-- ``b`` budget: one counter per period (``extra``: ms until the period ends; the key outlives it by
+- ``BUDGET`` (``b``): one counter per period (``extra``: ms until the period ends; the key outlives it by
   a day so late settlements still find it).
-- ``c`` concurrency: leases (a sorted set of reservation id → when it expires: the admission's
+- ``CONCURRENCY`` (``c``): leases (a sorted set of reservation id → when it expires: the admission's
   ``lease_ms`` after it), so a lease a crashed replica never released stops counting at its
   request's deadline.
 """
@@ -52,29 +52,40 @@ import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from enum import StrEnum
+from typing import Any, Protocol
 from urllib.parse import quote
 
 from gateway.kernel.errors import ServiceUnavailable
 from state.resp import LeanRedis, NotSent, pack_args
 from state.topology import Topology
 
-Kind = Literal["r", "t", "b", "c"]
+
+class CheckKind(StrEnum):
+    """A check's counter (the module docstring); the value is what the Lua scripts compare."""
+
+    REQUESTS = "r"
+    TOKENS = "t"
+    BUDGET = "b"
+    CONCURRENCY = "c"
+
+
+_WINDOWED = (CheckKind.REQUESTS, CheckKind.TOKENS)  # the sliding windows of per-second buckets
 _BUCKETS = 61  # seconds of token buckets summed: the window is 60 to 61 s, never less than 60
 _BUDGET_GRACE_MS = 86_400_000
 _COUNT_MS = 62_000  # a record of an admission that charged only request counts: their window
 TOMBSTONE_MS = 3_600_000  # a released admission's mark: an admission landing later is void
 DEFAULT_LEASE_MS = 660_000
 
-__all__ = ["Check", "Limiter", "MemoryLimiter", "NotSent", "Outcome", "RedisLimiter"]
+__all__ = ["Check", "CheckKind", "Limiter", "MemoryLimiter", "NotSent", "Outcome", "RedisLimiter"]
 
 
 @dataclass(slots=True, frozen=True)
 class Check:
-    kind: Kind
+    kind: CheckKind
     name: str  # the counter, within the tenant ("rpm", "k:<key>:tpm", "budget:2026-12-01", ...)
     limit: int
-    extra: int = 0  # b: ms until the period ends
+    extra: int = 0  # BUDGET: ms until the period ends
 
 
 @dataclass(slots=True)
@@ -125,7 +136,7 @@ class Limiter(Protocol):
 def needs_settling(checks: Sequence[Check]) -> bool:
     """A settlement has work: a lease to release, tokens to correct, a long-lived record to drop
     (an admission of request counts only is not settled: its counts stay, its record expires)."""
-    return any(c.kind != "r" for c in checks)
+    return any(c.kind is not CheckKind.REQUESTS for c in checks)
 
 
 def _keep_ms(checks: Sequence[Check], lease_ms: int) -> int:
@@ -192,14 +203,14 @@ class MemoryLimiter:
         for i, c in enumerate(checks):
             k = (tenant, c.name)
             retry: int | None = None
-            if c.kind in "rt":
-                amount = 1 if c.kind == "r" else tokens
+            if c.kind in _WINDOWED:
+                amount = 1 if c.kind is CheckKind.REQUESTS else tokens
                 b = self._tokens(k, sec)
                 n = sum(b.values())
                 if n + amount > c.limit:
                     retry = _token_retry(sorted(b.items()), n, amount, c.limit, now)
                 used, reset = n, ((max(b) + _BUCKETS) * 1000 - now if b else 0)
-            elif c.kind == "b":
+            elif c.kind is CheckKind.BUDGET:
                 n = self._total(k, now)
                 if n + tokens > c.limit:
                     retry = c.extra if tokens <= c.limit else -1
@@ -217,13 +228,13 @@ class MemoryLimiter:
             return out
         for i, c in enumerate(checks):
             k = (tenant, c.name)
-            if c.kind in "rt":
-                amount = 1 if c.kind == "r" else tokens
+            if c.kind in _WINDOWED:
+                amount = 1 if c.kind is CheckKind.REQUESTS else tokens
                 b = self._buckets[k]
                 b[sec] = b.get(sec, 0) + amount
                 out.used[i] += amount
                 out.reset_ms[i] = (sec + _BUCKETS) * 1000 - now
-            elif c.kind == "b":
+            elif c.kind is CheckKind.BUDGET:
                 self._totals[k] = (out.used[i] + tokens, now + c.extra + _BUDGET_GRACE_MS)
                 out.used[i] += tokens
             else:
@@ -236,17 +247,17 @@ class MemoryLimiter:
         now = int(self._clock() * 1000)
         for c in checks:
             k = (tenant, c.name)
-            d = count if c.kind == "r" else delta
-            if c.kind in "rt" and d:
+            d = count if c.kind is CheckKind.REQUESTS else delta
+            if c.kind in _WINDOWED and d:
                 b = self._buckets.get(k)
                 if b is not None and sec in b:
                     b[sec] = max(0, b[sec] + d)
-            elif c.kind == "b" and d:
+            elif c.kind is CheckKind.BUDGET and d:
                 if k in self._totals:
                     value, expires = self._totals[k]
                     if expires > now:
                         self._totals[k] = (max(0, value + d), expires)
-            elif c.kind == "c":
+            elif c.kind is CheckKind.CONCURRENCY:
                 held = self._leases.get(k)
                 if held is not None:
                     held.pop(rid, None)

@@ -9,14 +9,14 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gateway.kernel.errors import ServiceUnavailable
-from state.limits import Check, Limiter, MemoryLimiter, RedisLimiter
+from state.limits import Check, CheckKind, Limiter, MemoryLimiter, RedisLimiter
 from tests.redis_server import delete_prefix, free_port, redis_url, unique_prefix
 from tests.state.conftest import REDIS_MODES, target_of
 
-RPM = Check("r", "rpm", 3)
-TPM = Check("t", "tpm", 1000)
-CONC = Check("c", "conc", 2)
-BUDGET = Check("b", "budget:x", 500, 3_600_000)
+RPM = Check(CheckKind.REQUESTS, "rpm", 3)
+TPM = Check(CheckKind.TOKENS, "tpm", 1000)
+CONC = Check(CheckKind.CONCURRENCY, "conc", 2)
+BUDGET = Check(CheckKind.BUDGET, "budget:x", 500, 3_600_000)
 
 
 @pytest.fixture(params=["memory", *REDIS_MODES])
