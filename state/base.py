@@ -33,7 +33,8 @@ class StoredResponse:
 
     @property
     def output_items(self) -> list[dict[str, Any]]:
-        return self.resource.get("output", [])
+        output: list[dict[str, Any]] = self.resource.get("output", [])
+        return output
 
 
 @dataclass(slots=True, frozen=True)

@@ -69,7 +69,8 @@ def connect(topology: Topology, timeout: float) -> Client:
         sentinel_kwargs = {**common, "password": topology.sentinel_password}
         sentinel_kwargs.pop("retry")
         sentinel = Sentinel(list(topology.sentinels), sentinel_kwargs=sentinel_kwargs)
-        return sentinel.master_for(topology.sentinel_master, ssl=ssl, **opts, **common)
+        master: Redis = sentinel.master_for(topology.sentinel_master, ssl=ssl, **opts, **common)
+        return master
     return Redis.from_url(topology.url, **common)
 
 
@@ -93,11 +94,11 @@ class Script:
 
     async def run(self, client: Client, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         try:
-            return await client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[misc]
+            return await client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
             # a restarted or flushed Redis (or a new cluster master) forgot it; EVAL runs it and
             # caches it again
-            return await client.eval(self.source, len(keys), *keys, *args)  # type: ignore[misc]
+            return await client.eval(self.source, len(keys), *keys, *args)
 
     async def run_replicated(
         self, client: Redis, keys: Sequence[Any], args: Sequence[Any], replicas: int, wait_ms: int

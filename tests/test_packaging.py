@@ -24,7 +24,7 @@ def normalized(name: str) -> str:
 
 
 def imported_modules() -> set[str]:
-    found = set()
+    found: set[str] = set()
     for package in PACKAGES:
         for path in (ROOT / package).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):

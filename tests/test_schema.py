@@ -57,18 +57,20 @@ WS_ERROR = {"type": "invalid_request_error", "code": "bad", "message": "Bad.", "
 
 def _set(path: tuple[str | int, ...], value: Any) -> Callable[[Obj], None]:
     def change(obj: Obj) -> None:
+        node: Any = obj  # a JSON tree: dicts and lists
         for key in path[:-1]:
-            obj = obj[key]
-        obj[path[-1]] = value
+            node = node[key]
+        node[path[-1]] = value
 
     return change
 
 
 def _drop(path: tuple[str | int, ...]) -> Callable[[Obj], None]:
     def change(obj: Obj) -> None:
+        node: Any = obj  # a JSON tree: dicts and lists
         for key in path[:-1]:
-            obj = obj[key]
-        del obj[path[-1]]
+            node = node[key]
+        del node[path[-1]]
 
     return change
 

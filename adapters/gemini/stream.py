@@ -96,7 +96,7 @@ class GeminiStreamTranslator:
             self._part(part, out)
         result = candidate.get("logprobsResult")
         if result and out and type(out[-1]) is TextDelta:
-            out[-1] = TextDelta(out[-1].text, token_logprobs(result))  # type: ignore[union-attr]
+            out[-1] = TextDelta(out[-1].text, token_logprobs(result))
         if candidate.get("finishReason"):
             self._finish = candidate["finishReason"]
         return out

@@ -286,7 +286,7 @@ class Pool:
             transport = await loop.start_tls(conn.transport, conn, self.tls, server_hostname=target.host)
             if transport is None:  # pragma: no cover - start_tls returns None only for a closed loop
                 raise ConnectError(ConnectFailure.TLS)
-            conn.transport = transport  # type: ignore[assignment]
+            conn.transport = transport
 
     async def resolve(self, host: str, port: int) -> Sequence[aiohappyeyeballs.AddrInfoType]:
         """The addresses to connect to, in the resolver's order (the system's, via the loop)."""

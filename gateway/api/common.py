@@ -125,7 +125,8 @@ class RequestLog:
 
     @property
     def request_id(self) -> str:
-        return self.fields["request_id"]
+        request_id: str = self.fields["request_id"]
+        return request_id
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start

@@ -11,7 +11,8 @@ SSE_DONE = b"data: [DONE]\n\n"
 
 def sse_frame(event: dict[str, Any]) -> bytes:
     """One whole SSE event: ``event:`` equals the JSON ``type``, one single-line ``data:``, LF endings."""
-    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+    kind: str = event["type"]
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
 def json_bytes(obj: Any) -> bytes:

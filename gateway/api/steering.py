@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from gateway.engine.steer import required_input, steer_items
@@ -29,11 +30,15 @@ _FIELDS = frozenset({"type", "previous_response_id", "input"})
 _KEEP = 128  # finished responses remembered per socket (to tell "completed" from "not found")
 _KEEP_AWAITING = 64  # responses kept waiting for tool results that may never come
 
-ACTIVE = "active"  # its turn is running
-HANDOFF = "handoff"  # its queued input is going to a successor that is not created yet
-AWAITING = "awaiting"  # it waits for the client's tool results (function calls in its output)
-COMPLETED = "completed"  # completed, nothing outstanding
-CLOSED = "closed"  # failed, cancelled, cut off, steered into a successor, or continued
+
+class SteerState(Enum):
+    """Where a response of the socket is, as steering sees it."""
+
+    ACTIVE = "active"  # its turn is running
+    HANDOFF = "handoff"  # its queued input is going to a successor that is not created yet
+    AWAITING = "awaiting"  # it waits for the client's tool results (function calls in its output)
+    COMPLETED = "completed"  # completed, nothing outstanding
+    CLOSED = "closed"  # failed, cancelled, cut off, steered into a successor, or continued
 
 
 @dataclass(slots=True)
@@ -52,7 +57,7 @@ class Target:
 
     id: str
     stream_id: str | None
-    state: str = ACTIVE
+    state: SteerState = SteerState.ACTIVE
     turn: Turn | None = None
     data: dict[str, Any] | None = None  # its create's fields, for an automatic successor
     result: TurnResult | None = None
@@ -93,7 +98,7 @@ class SteerBook:
         self.max_items = max_items
         self.targets: OrderedDict[str, Target] = OrderedDict()  # active, handoff, awaiting
         # the latest done with (completed | closed): a few bytes each, not a Target
-        self.finished: OrderedDict[str, tuple[str, str | None]] = OrderedDict()
+        self.finished: OrderedDict[str, tuple[SteerState, str | None]] = OrderedDict()
         self._seq = 0
 
     # -- events ----------------------------------------------------------------------------------
@@ -162,7 +167,7 @@ class SteerBook:
         except InvalidRequest as exc:
             return [self.failed("invalid_input", exc.message, shown, raw, stream_id=sid)]
         if done is not None:
-            if done[0] == COMPLETED:
+            if done[0] == SteerState.COMPLETED:
                 msg = "The response has completed and no longer accepts steering input."
                 return [self.failed("response_already_completed", msg, prev, raw, stream_id=sid)]
             msg = "The response is no longer accepting steering input."
@@ -175,11 +180,11 @@ class SteerBook:
             msg = f"At most {self.max_pending} steering inputs may be pending for one response."
             return [self.failed("too_many_pending_steers", msg, prev, raw, stream_id=sid)]
         sub = Submission(new_id("steer"), raw, items)
-        if state == HANDOFF:
+        if state == SteerState.HANDOFF:
             target.late.append(sub)
             return [self.accepted(target, sub)]
         target.queue.append(sub)
-        if state == AWAITING:
+        if state == SteerState.AWAITING:
             return [self.accepted(target, sub), self.pending(target, sub)]
         assert target.turn is not None
         target.turn.stop("steered")
@@ -206,27 +211,30 @@ class SteerBook:
         target.stubs = required_input(result.output) if result is not None and ended else []
         if not subs:
             if target.stubs:
-                target.state = AWAITING
+                target.state = SteerState.AWAITING
                 self._prune()
             else:
                 self._finish(
-                    target, COMPLETED if result is not None and result.status == "completed" else CLOSED
+                    target,
+                    SteerState.COMPLETED
+                    if result is not None and result.status == "completed"
+                    else SteerState.CLOSED,
                 )
             return [], None
         if not ended:
-            self._finish(target, CLOSED)
+            self._finish(target, SteerState.CLOSED)
             status = result.status if result is not None else "failed"
             msg = f"The response ended {status} before the steering input could be applied."
             return self._returned(target, subs, "response_not_active", msg), None
         if target.stubs:  # client-owned tool results first: the input waits for the continuation
-            target.state = AWAITING
+            target.state = SteerState.AWAITING
             target.queue = subs
             return [self.pending(target, s) for s in subs if not s.notified], None
         if closing or data is None:
-            self._finish(target, CLOSED)
+            self._finish(target, SteerState.CLOSED)
             msg = "The successor response could not be created: the connection is closing."
             return self._returned(target, subs, "successor_creation_failed", msg), None
-        target.state = HANDOFF
+        target.state = SteerState.HANDOFF
         target.data = data
         return [], Handoff(target, subs, automatic=True)
 
@@ -234,17 +242,17 @@ class SteerBook:
         """A client's ``response.create`` continuing ``previous``: the steering queued for it, if
         ``previous`` waits for tool results."""
         parent = self.targets.get(previous)
-        if parent is None or parent.state != AWAITING:
+        if parent is None or parent.state != SteerState.AWAITING:
             return None
         subs, parent.queue = parent.queue, []
-        parent.state = HANDOFF
+        parent.state = SteerState.HANDOFF
         return Handoff(parent, subs, automatic=False)
 
     def commit(self, handoff: Handoff, successor: Target) -> None:
         """The new response's ``response.created`` is going out: the input is committed. Input
         accepted meanwhile steers the new response in turn."""
         parent = handoff.parent
-        self._finish(parent, CLOSED)
+        self._finish(parent, SteerState.CLOSED)
         parent.data = None
         late, parent.late = parent.late, []
         if late:
@@ -260,13 +268,13 @@ class SteerBook:
         subs = handoff.subs + parent.late
         parent.late = []
         if handoff.automatic:
-            self._finish(parent, CLOSED)
+            self._finish(parent, SteerState.CLOSED)
         else:
-            parent.state = AWAITING
+            parent.state = SteerState.AWAITING
         msg = f"The successor response could not be created: {err.message}"
         return self._returned(parent, subs, "successor_creation_failed", msg)
 
-    def _finish(self, target: Target, state: str) -> None:
+    def _finish(self, target: Target, state: SteerState) -> None:
         """``target`` is done with: only its final state (and lane) is kept, among the latest."""
         target.state = state
         self.targets.pop(target.id, None)
@@ -277,6 +285,6 @@ class SteerBook:
     def _prune(self) -> None:
         """Past ``_KEEP_AWAITING`` responses waiting for tool results with nothing queued, the
         oldest are given up on (a later steer of one: ``response_not_active``)."""
-        idle = [t for t in self.targets.values() if t.state == AWAITING and not t.queue]
+        idle = [t for t in self.targets.values() if t.state == SteerState.AWAITING and not t.queue]
         for target in idle[: max(0, len(idle) - _KEEP_AWAITING)]:
-            self._finish(target, CLOSED)
+            self._finish(target, SteerState.CLOSED)

@@ -49,7 +49,7 @@ from gateway.engine.telemetry import NOOP_OBSERVER, Observer
 from gateway.kernel.errors import QuotaExceeded, RateLimited, RateStanding, RateWindow, ServiceUnavailable
 from gateway.kernel.ids import new_id
 from gateway.kernel.settings import Settings, TenantSettings
-from state.limits.base import Check, Limiter, Outcome
+from state.limits.base import Check, CheckKind, Limiter, Outcome
 from state.redis_lean import NotSent
 
 log = structlog.get_logger("gateway.engine.limits")
@@ -147,22 +147,22 @@ class TenantLimiter:
         key_label = f"this API key ({principal.key_name})"
         tenant_label = f"tenant '{principal.tenant}'"
         for attr, kind, short in (
-            ("requests_per_minute", "r", "rpm"),
-            ("tokens_per_minute", "t", "tpm"),
-            ("concurrent_requests", "c", "conc"),
+            ("requests_per_minute", CheckKind.REQUESTS, "rpm"),
+            ("tokens_per_minute", CheckKind.TOKENS, "tpm"),
+            ("concurrent_requests", CheckKind.CONCURRENCY, "conc"),
         ):
             limit = getattr(key, attr) if key is not None else None
             if limit is not None:
-                checks.append(Check(kind, f"k:{principal.key_name}:{short}", limit))  # type: ignore[arg-type]
+                checks.append(Check(kind, f"k:{principal.key_name}:{short}", limit))
                 labels.append(f"{_WHAT[short]} of {key_label}: {limit}")
             limit = getattr(tenant.limits, attr)
             if limit is not None:
-                checks.append(Check(kind, short, limit))  # type: ignore[arg-type]
+                checks.append(Check(kind, short, limit))
                 labels.append(f"{_WHAT[short]} of {tenant_label}: {limit}")
         if tenant.budget is not None:
             period, left_ms = self._period(tenant.budget.period)
             # extra: the key's lifetime (at least the rest of the period)
-            checks.append(Check("b", f"budget:{period}", tenant.budget.tokens, left_ms))
+            checks.append(Check(CheckKind.BUDGET, f"budget:{period}", tenant.budget.tokens, left_ms))
             labels.append(
                 f"token budget per {tenant.budget.period} of {tenant_label}: {tenant.budget.tokens}"
             )
@@ -182,7 +182,7 @@ class TenantLimiter:
         return name, max(1, int((end - now).total_seconds() * 1000))
 
     def wants_tokens(self, checks: list[Check]) -> bool:
-        return any(c.kind in "tb" for c in checks)
+        return any(c.kind in (CheckKind.TOKENS, CheckKind.BUDGET) for c in checks)
 
     # -- admission ---------------------------------------------------------------------------------
     async def reserve(
@@ -216,7 +216,7 @@ class TenantLimiter:
         standing = _standing(checks, out)
         if out.failed is not None:
             check = checks[out.failed]
-            if check.kind == "b":  # when the period ends (check.extra may be from earlier)
+            if check.kind is CheckKind.BUDGET:  # when the period ends (check.extra may be from earlier)
                 budget = self._tenant(tenant).budget
                 check = replace(check, extra=self._period(budget.period if budget else "day")[1])
             self.observer.rate_limited(tenant, _limit_name(check))
@@ -305,7 +305,7 @@ class TenantLimiter:
         limit = self._tenant(principal.tenant).limits.websocket_connections
         if limit is None:
             return None
-        check = Check("c", "ws", limit)
+        check = Check(CheckKind.CONCURRENCY, "ws", limit)
         label = f"open WebSocket connections of tenant '{principal.tenant}': {limit}"
         return await self.reserve(principal, [check], [label], 0, seconds=self.socket_seconds)
 
@@ -325,7 +325,7 @@ class TenantLimiter:
 
 
 def _limit_name(check: Check) -> str:
-    if check.kind == "b":
+    if check.kind is CheckKind.BUDGET:
         return "budget"
     return _LIMIT_NAMES.get(check.name.rpartition(":")[2], "_other")
 
@@ -333,17 +333,17 @@ def _limit_name(check: Check) -> str:
 def _standing(checks: list[Check], out: Outcome) -> RateStanding | None:
     """Whenever a per-minute limit applies: for requests and for tokens, the limit with the least
     left (the key's or the tenant's); None for a dimension no limit applies to."""
-    best: dict[str, RateWindow] = {}
+    best: dict[CheckKind, RateWindow] = {}
     for i in range(len(out.used)):
         c = checks[i]
-        if c.kind == "r" or c.kind == "t":
+        if c.kind in (CheckKind.REQUESTS, CheckKind.TOKENS):
             left = c.limit - out.used[i]
             have = best.get(c.kind)
             if have is None or left < have.remaining:
                 best[c.kind] = RateWindow(c.limit, left if left > 0 else 0, out.reset_ms[i])
-    if not best and not any(c.kind in "rt" for c in checks):
+    if not best and not any(c.kind in (CheckKind.REQUESTS, CheckKind.TOKENS) for c in checks):
         return None
-    return RateStanding(best.get("r"), best.get("t"))
+    return RateStanding(best.get(CheckKind.REQUESTS), best.get(CheckKind.TOKENS))
 
 
 def _refusal(
@@ -351,7 +351,7 @@ def _refusal(
 ) -> RateLimited:
     never = out.retry_ms < 0
     retry = 60.0 if never else max(1.0, math.ceil(out.retry_ms / 1000))
-    if check.kind == "b":
+    if check.kind is CheckKind.BUDGET:
         retry = max(1.0, math.ceil(check.extra / 1000))
         if never:
             msg = f"This request's estimated {tokens} tokens exceed the {label}."

@@ -41,7 +41,7 @@ from gateway.kernel.ids import response_id
 from gateway.kernel.settings import Settings
 from gateway.kernel.spec.request import CreateResponseBody
 from state.base import ConnectionCache, PendingResponse, ResponseStore, StoredResponse
-from state.limits.base import Check, Limiter
+from state.limits.base import Check, CheckKind, Limiter
 from state.limits.memory import MemoryLimiter
 from state.usage import MemoryLedger, UsageLedger
 
@@ -50,7 +50,7 @@ from state.usage import MemoryLedger, UsageLedger
 Admit = Callable[[int], Awaitable[None]]
 
 
-def _only(checks: list[Check], labels: list[str], kinds: str) -> tuple[list[Check], list[str]]:
+def _only(checks: list[Check], labels: list[str], *kinds: CheckKind) -> tuple[list[Check], list[str]]:
     kept = [n for n, c in enumerate(checks) if c.kind in kinds]
     return [checks[n] for n in kept], [labels[n] for n in kept]
 
@@ -126,7 +126,7 @@ class Gateway:
         and a lease for one call on ``route``, against the tenancy limits; its summarizing call, if
         it makes one, is charged its tokens (``prepare(admitted=True)``). ``limits.settle_soon``
         ends it."""
-        checks, labels = _only(*self.limits.checks(principal), "rc")
+        checks, labels = _only(*self.limits.checks(principal), CheckKind.REQUESTS, CheckKind.CONCURRENCY)
         return await self.limits.reserve(principal, checks, labels, 0, seconds=route.total_seconds)
 
     async def context(
@@ -203,9 +203,9 @@ class Gateway:
         # estimate of the compacted context): a refused request spends no summary.
         checks, labels = self.limits.checks(principal)
         if warmup:  # it spends no tokens: only the request-rate and concurrency limits apply
-            checks, labels = _only(checks, labels, "rc")
+            checks, labels = _only(checks, labels, CheckKind.REQUESTS, CheckKind.CONCURRENCY)
         elif admitted:  # its request is counted and holds the lease: only its tokens are charged
-            checks, labels = _only(checks, labels, "tb")
+            checks, labels = _only(checks, labels, CheckKind.TOKENS, CheckKind.BUDGET)
         wants_tokens = self.limits.wants_tokens(checks)
         held: Reservation | None = None
         charged = False

@@ -53,10 +53,10 @@ def text_echo(body: CreateResponseBody) -> dict[str, Any]:
                 fmt = {
                     "type": "json_schema",
                     "name": f.name,
-                    "description": f.description,  # type: ignore[union-attr]
+                    "description": f.description,
                     "schema": f.schema_,
                     "strict": bool(f.strict),
-                }  # type: ignore[union-attr]
+                }
             else:
                 fmt = {"type": f.type}
     out: dict[str, Any] = {"format": fmt}

@@ -32,7 +32,8 @@ def _part(part: Any, role: str) -> dict[str, Any]:
         return {"type": "input_text", "text": part.text}
     elif t == "refusal":
         return {"type": "input_text", "text": part.refusal}
-    return part.model_dump(exclude_none=True)
+    dumped: dict[str, Any] = part.model_dump(exclude_none=True)
+    return dumped
 
 
 def message(role: str, text: str, *, item_id: str | None = None) -> dict[str, Any]:

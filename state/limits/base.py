@@ -21,18 +21,18 @@ The record lives as long as what it charged can need undoing: the lease (the req
 when a lease or tokens are charged, else the 61 s of a request count; a tombstone lives an hour
 (an admission stuck longer than that on a frozen server is not undone).
 
-The counters (``Check.kind``):
+The counters (``Check.kind``, a ``CheckKind``; the Lua scripts compare its letter):
 
-- ``r`` requests and ``t`` tokens: a sliding window of per-second buckets (a hash: second →
+- ``REQUESTS`` (``r``) and ``TOKENS`` (``t``): a sliding window of per-second buckets (a hash: second →
   count, plus the running total and the oldest and newest second, so a check costs a few
   commands whatever the rate, and memory is at most 61 fields): a charge counts until 61 s after
   the start of its second, so never fewer than 60 s: at most ``limit`` in any 60 s window, and no
   double burst at a minute boundary (a sorted-set log would be exact to the millisecond but grow
   by one entry per request: 60 × the request rate). A settlement adjusts the bucket its
   reservation went into.
-- ``b`` budget: one counter per period (``extra``: ms until the period ends; the key outlives it by
+- ``BUDGET`` (``b``): one counter per period (``extra``: ms until the period ends; the key outlives it by
   a day so late settlements still find it).
-- ``c`` concurrency: leases (a sorted set of reservation id → when it expires: the admission's
+- ``CONCURRENCY`` (``c``): leases (a sorted set of reservation id → when it expires: the admission's
   ``lease_ms`` after it), so a lease a crashed replica never released stops counting at its
   request's deadline.
 """
@@ -41,9 +41,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from enum import StrEnum
+from typing import Protocol
 
-Kind = Literal["r", "t", "b", "c"]
+
+class CheckKind(StrEnum):
+    """A check's counter (the module docstring); the value is what the Lua scripts compare."""
+
+    REQUESTS = "r"
+    TOKENS = "t"
+    BUDGET = "b"
+    CONCURRENCY = "c"
+
+
+WINDOWED = (CheckKind.REQUESTS, CheckKind.TOKENS)  # the sliding windows of per-second buckets
 BUCKETS = 61  # seconds of token buckets summed: the window is 60 to 61 s, never less than 60
 BUDGET_GRACE_MS = 86_400_000
 COUNT_MS = 62_000  # a record of an admission that charged only request counts: their window
@@ -53,7 +64,7 @@ DEFAULT_LEASE_MS = 660_000
 
 @dataclass(slots=True, frozen=True)
 class Check:
-    kind: Kind
+    kind: CheckKind
     name: str  # the counter, within the tenant ("rpm", "k:<key>:tpm", "budget:2026-12-01", ...)
     limit: int
     extra: int = 0  # b: ms until the period ends
@@ -107,7 +118,7 @@ class Limiter(Protocol):
 def needs_settling(checks: Sequence[Check]) -> bool:
     """A settlement has work: a lease to release, tokens to correct, a long-lived record to drop
     (an admission of request counts only is not settled: its counts stay, its record expires)."""
-    return any(c.kind != "r" for c in checks)
+    return any(c.kind is not CheckKind.REQUESTS for c in checks)
 
 
 def keep_ms(checks: Sequence[Check], lease_ms: int) -> int:

@@ -13,7 +13,9 @@ from state.limits.base import (
     BUDGET_GRACE_MS,
     DEFAULT_LEASE_MS,
     TOMBSTONE_MS,
+    WINDOWED,
     Check,
+    CheckKind,
     Outcome,
     keep_ms,
 )
@@ -77,14 +79,14 @@ class MemoryLimiter:
         for i, c in enumerate(checks):
             k = (tenant, c.name)
             retry: int | None = None
-            if c.kind in "rt":
-                amount = 1 if c.kind == "r" else tokens
+            if c.kind in WINDOWED:
+                amount = 1 if c.kind is CheckKind.REQUESTS else tokens
                 b = self._tokens(k, sec)
                 n = sum(b.values())
                 if n + amount > c.limit:
                     retry = _token_retry(sorted(b.items()), n, amount, c.limit, now)
                 used, reset = n, ((max(b) + BUCKETS) * 1000 - now if b else 0)
-            elif c.kind == "b":
+            elif c.kind is CheckKind.BUDGET:
                 n = self._total(k, now)
                 if n + tokens > c.limit:
                     retry = c.extra if tokens <= c.limit else -1
@@ -102,13 +104,13 @@ class MemoryLimiter:
             return out
         for i, c in enumerate(checks):
             k = (tenant, c.name)
-            if c.kind in "rt":
-                amount = 1 if c.kind == "r" else tokens
+            if c.kind in WINDOWED:
+                amount = 1 if c.kind is CheckKind.REQUESTS else tokens
                 b = self._buckets[k]
                 b[sec] = b.get(sec, 0) + amount
                 out.used[i] += amount
                 out.reset_ms[i] = (sec + BUCKETS) * 1000 - now
-            elif c.kind == "b":
+            elif c.kind is CheckKind.BUDGET:
                 self._totals[k] = (out.used[i] + tokens, now + c.extra + BUDGET_GRACE_MS)
                 out.used[i] += tokens
             else:
@@ -121,17 +123,17 @@ class MemoryLimiter:
         now = int(self._clock() * 1000)
         for c in checks:
             k = (tenant, c.name)
-            d = count if c.kind == "r" else delta
-            if c.kind in "rt" and d:
+            d = count if c.kind is CheckKind.REQUESTS else delta
+            if c.kind in WINDOWED and d:
                 b = self._buckets.get(k)
                 if b is not None and sec in b:
                     b[sec] = max(0, b[sec] + d)
-            elif c.kind == "b" and d:
+            elif c.kind is CheckKind.BUDGET and d:
                 if k in self._totals:
                     value, expires = self._totals[k]
                     if expires > now:
                         self._totals[k] = (max(0, value + d), expires)
-            elif c.kind == "c":
+            elif c.kind is CheckKind.CONCURRENCY:
                 held = self._leases.get(k)
                 if held is not None:
                     held.pop(rid, None)

@@ -236,7 +236,7 @@ def test_json_format_is_asked_for_in_system() -> None:
 
 
 # == stream translation: recorded streams (Messages API reference, "Streaming Messages") =======
-RECORDED_TEXT = [
+RECORDED_TEXT: list[dict[str, Any]] = [
     {
         "type": "message_start",
         "message": {
@@ -262,7 +262,7 @@ RECORDED_TEXT = [
     },
     {"type": "message_stop"},
 ]
-RECORDED_TOOL = [
+RECORDED_TOOL: list[dict[str, Any]] = [
     {
         "type": "message_start",
         "message": {
@@ -310,7 +310,7 @@ RECORDED_TOOL = [
     },
     {"type": "message_stop"},
 ]
-RECORDED_THINKING = [
+RECORDED_THINKING: list[dict[str, Any]] = [
     {
         "type": "message_start",
         "message": {
@@ -381,7 +381,7 @@ def test_recorded_thinking_stream_with_cache_usage_and_max_tokens() -> None:
 
 
 def test_tool_without_parameters_gets_empty_object() -> None:
-    events = [
+    events: list[dict[str, Any]] = [
         {
             "type": "content_block_start",
             "index": 0,

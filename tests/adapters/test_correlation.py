@@ -58,7 +58,7 @@ async def run(
     case: Case, fake: Any, request_id: str | None, *, stream: bool = True
 ) -> list[MutableMapping[str, Any]]:
     """One generation; the ``upstream_call`` lines it logged."""
-    settings = ProviderSettings(kind=case.kind, base_url=fake.base_url, api_key=SECRET)  # type: ignore[arg-type]
+    settings = ProviderSettings(kind=case.kind, base_url=fake.base_url, api_key=SECRET)
     adapter = create_adapter(settings)
     request = UpstreamRequest(model="fake-model", items=[user("hi")], stream=stream, request_id=request_id)
     try:

@@ -257,7 +257,7 @@ def test_model_path() -> None:
 
 
 # == stream translation: chunks shaped like the API reference's ===================================
-RECORDED_TEXT = [
+RECORDED_TEXT: list[dict[str, Any]] = [
     {
         "candidates": [{"content": {"parts": [{"text": "The"}], "role": "model"}, "index": 0}],
         "usageMetadata": {"promptTokenCount": 8, "totalTokenCount": 8},
@@ -287,7 +287,7 @@ RECORDED_TEXT = [
         "modelVersion": "gemini-2.0-flash",
     },
 ]
-RECORDED_THINKING_CALLS = [
+RECORDED_THINKING_CALLS: list[dict[str, Any]] = [
     {
         "candidates": [
             {"content": {"parts": [{"text": "**Planning**\n", "thought": True}], "role": "model"}, "index": 0}

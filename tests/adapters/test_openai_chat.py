@@ -213,7 +213,7 @@ def test_reasoning_items_dropped() -> None:
 
 
 def test_tools_omit_null_fields() -> None:
-    tools = [
+    tools: list[dict[str, Any]] = [
         {**TOOL, "strict": True},
         {"type": "function", "name": "bare", "description": None, "parameters": None, "strict": None},
         {"type": "web_search"},

@@ -184,7 +184,7 @@ def test_reasoning_param_asks_for_encrypted_content() -> None:
 
 # == stream translation =========================================================================
 # Adapted from the Responses API reference's streaming example (ids shortened).
-RECORDED = [
+RECORDED: list[dict[str, Any]] = [
     {
         "type": "response.created",
         "sequence_number": 0,
@@ -291,7 +291,7 @@ def test_recorded_stream() -> None:
 
 
 def test_items_only_in_done_events_and_raw_reasoning() -> None:
-    events = [
+    events: list[dict[str, Any]] = [
         {
             "type": "response.output_item.done",
             "output_index": 0,
@@ -332,7 +332,7 @@ def test_items_only_in_done_events_and_raw_reasoning() -> None:
 
 
 def test_reasoning_text_deltas_both_names() -> None:
-    events = [
+    events: list[dict[str, Any]] = [
         {"type": "response.reasoning_text.delta", "output_index": 0, "delta": "a"},
         {"type": "response.reasoning.delta", "output_index": 0, "delta": "b"},
         {
@@ -391,7 +391,7 @@ def test_failures(event: dict[str, Any], cls: type[UpstreamError], retryable: bo
 
 
 def test_an_incomplete_item_is_left_open_for_the_builder_to_mark() -> None:
-    events = [
+    events: list[dict[str, Any]] = [
         {"type": "response.output_text.delta", "output_index": 0, "delta": "cut"},
         {
             "type": "response.output_item.done",

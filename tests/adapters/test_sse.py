@@ -92,7 +92,8 @@ def _reference(raw: bytes) -> list[SSEEvent]:
     if text.startswith("\ufeff"):
         text = text[1:]
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    events, data, event, last_id, retry, any_field = [], [], None, None, None, False
+    data: list[str] = []
+    events, event, last_id, retry, any_field = [], None, None, None, False
     for line in lines:
         if line == "":
             if data or any_field:
@@ -169,7 +170,8 @@ def _data_first(chunks: list[bytes], max_event_bytes: int = 16 * 1024 * 1024) ->
             out += [(e.data, e.event) for e in dec.feed(c)]
         else:
             datas, names = fast
-            out += zip(datas, names or [None] * len(datas), strict=True)
+            labels: list[str | None] = list(names) if names else [None] * len(datas)
+            out += zip(datas, labels, strict=True)
     out += [(e.data, e.event) for e in dec.flush()]
     return out
 

@@ -10,7 +10,7 @@ import random
 import signal
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import orjson
@@ -220,7 +220,8 @@ async def test_a_lease_lasts_its_requests_deadline(private_redis: RedisServer) -
         cfg["providers"]["other"] = {"kind": "openai-chat", "base_url": fake.base_url, "api_key": "sk-up"}
         with serve(cfg) as served:
             writer = await reach_upstream(served.port, fake)
-            [(_, until)] = charges.db.zrange(charges.base + "conc", 0, -1, withscores=True)
+            zset = charges.db.zrange(charges.base + "conc", 0, -1, withscores=True)
+            [(_, until)] = cast(list[tuple[bytes, float]], zset)
             seconds, micros = charges.db.time()
             left = until / 1000 - (seconds + micros / 1e6)
             writer.transport.abort()

@@ -10,7 +10,7 @@ import socket
 import subprocess
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ class Bounded:
     """The served gateway: its port, and its access-log lines (``"request"``) so far."""
 
     port: int
-    access_lines: Callable[[], list[dict[str, Any]]]
+    access_lines: Callable[[], Sequence[Mapping[str, Any]]]
 
 
 @pytest.fixture(scope="module", params=["cli-httptools", "h11"])

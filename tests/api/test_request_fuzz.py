@@ -57,7 +57,8 @@ FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=list(Heal
 
 @pytest.fixture(scope="module")
 def ws(gateway: ServedApp) -> Iterator[ClientConnection]:
-    with connect(gateway.ws_url + "/v1/responses", proxy=None) as conn:
+    conn = connect(gateway.ws_url + "/v1/responses", proxy=None)
+    with conn:
         yield conn
 
 

@@ -93,7 +93,7 @@ async def test_stalled_websocket_clients_are_dropped_too(served: ServedApp, fake
         for _ in range(2):
             # max_queue=1 and no recv(): the client stops reading from the network
             ws = await connect(ws_url, max_queue=1, max_size=None, compression=None)
-            ws.transport.set_write_buffer_limits(0)  # type: ignore[attr-defined]
+            ws.transport.set_write_buffer_limits(0)
             sock = ws.transport.get_extra_info("socket")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             await ws.send(create)

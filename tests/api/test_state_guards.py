@@ -9,7 +9,7 @@ import base64
 import signal
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -78,23 +78,21 @@ async def test_store_true_is_refused_before_the_upstream_while_the_store_is_down
 
 def _redis_values(url: str, prefix: str) -> bytes:
     """Every value under ``prefix`` in the real Redis, concatenated (strings, hashes, lists, sets)."""
-    r = redis.Redis.from_url(url)
+    r = redis.Redis.from_url(url)  # no decode_responses: every reply is bytes
     out: list[bytes] = []
     for key in r.scan_iter(match=f"{prefix}*"):
         kind = r.type(key)
         if kind == b"string":
-            out.append(r.get(key) or b"")
+            out.append(cast(bytes | None, r.get(key)) or b"")
         elif kind == b"hash":
-            for k, v in r.hgetall(key).items():
+            for k, v in cast(dict[bytes, bytes], r.hgetall(key)).items():
                 out += [k, v]
         elif kind == b"list":
-            out += r.lrange(key, 0, -1)
-        elif kind in (b"set", b"zset"):
-            out += (
-                list(r.smembers(key))
-                if kind == b"set"
-                else [m for m, _ in r.zrange(key, 0, -1, withscores=True)]
-            )
+            out += cast(list[bytes], r.lrange(key, 0, -1))
+        elif kind == b"set":
+            out += cast(set[bytes], r.smembers(key))
+        elif kind == b"zset":
+            out += [m for m, _ in cast(list[tuple[bytes, float]], r.zrange(key, 0, -1, withscores=True))]
     r.close()
     return b"\n".join(out)
 

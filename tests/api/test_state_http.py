@@ -17,7 +17,7 @@ import redis
 from tests.api.helpers import serve_cli, wait_until_up
 from tests.harness import ServedApp, free_port, serve_gateway
 from tests.helpers import TWO_TENANTS, A, B
-from tests.redis_server import RedisServer, delete_prefix, redis_url, unique_prefix
+from tests.redis_server import RedisServer, delete_prefix, redis_url, stored_bytes, unique_prefix
 
 KEYS = {"auth": TWO_TENANTS}
 
@@ -143,8 +143,7 @@ async def test_store_false_is_never_persisted_in_redis(prefix: str) -> None:
             after = sorted(client.scan_iter(match=f"{p}:*"))
             assert after == before
             for key in after:
-                kind = client.type(key)
-                blob = b"".join(client.hvals(key)) if kind == b"hash" else (client.get(key) or b"")
+                blob = stored_bytes(client, key)
                 assert secret.encode() not in blob
             assert (await call(s, "GET", f"/v1/responses/{r1['id']}", {})).status_code == 404
     finally:

@@ -119,7 +119,7 @@ async def traffic(gw: ServedApp, fake: FakeOpenAIChat) -> Tally:
                 assert r.status_code == 200, r.text
                 tally.add(tenant, key, model, r.json()["usage"])
                 # SSE
-                body = {"model": model, "input": "stream it, please", "stream": True}
+                body: dict[str, Any] = {"model": model, "input": "stream it, please", "stream": True}
                 r = await c.post("/v1/responses", headers=headers, json=body)
                 events = [orjson.loads(d) for _, d in parse_sse(r.content) if d != "[DONE]"]
                 terminal = events[-1]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -49,7 +49,8 @@ def response_keys(prefix: str) -> dict[str, dict[bytes, bytes]]:
     r = redis.Redis.from_url(redis_url())
     try:
         return {
-            key.decode().rsplit(":r:", 1)[1]: r.hgetall(key) for key in r.scan_iter(match=f"{prefix}:*:r:*")
+            key.decode().rsplit(":r:", 1)[1]: cast(dict[bytes, bytes], r.hgetall(key))
+            for key in r.scan_iter(match=f"{prefix}:*:r:*")
         }
     finally:
         r.close()

@@ -32,7 +32,7 @@ from tests.compact.helpers import (
 from tests.fakes.openai_chat import FakeOpenAIChat, Reply
 from tests.harness import ServedApp, serve_gateway
 from tests.helpers import TWO_TENANTS, A, B, chat_upstream
-from tests.redis_server import delete_prefix, redis_url, unique_prefix
+from tests.redis_server import delete_prefix, redis_url, stored_bytes, unique_prefix
 from tests.schema import assert_schema
 
 ZERO_USAGE = {
@@ -436,8 +436,7 @@ async def test_a_stored_turn_keeps_the_compaction_item_sealed() -> None:
                     (sealed["id"], sealed["encrypted_content"])
                 ]
                 for key in client.scan_iter(match=f"{p}:*"):
-                    kind = client.type(key)
-                    blob = b"".join(client.hvals(key)) if kind == b"hash" else (client.get(key) or b"")
+                    blob = stored_bytes(client, key)
                     assert b"SEALED-SUMMARY-4471" not in blob
                 # a continuation and a reference reach the summary again
                 fake.reset()

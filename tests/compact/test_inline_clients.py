@@ -99,7 +99,7 @@ async def test_sdk_async_connect_store_false_compacts_and_continues(
             if event.type in TERMINAL:
                 break
         assert event.type == "response.completed"
-        assert event.response.output_text == "Hello! You said: next"  # type: ignore[union-attr]
+        assert event.response.output_text == "Hello! You said: next"
     summarize, answer, nxt = recorder.transcripts()[start:]
     assert len(summarize) == 1 and "question 0:" in summarize[0]["content"][0]["text"]
     assert summary_seen(answer) and summary_seen(nxt)
@@ -120,7 +120,7 @@ def test_sdk_sync_connect_compacts(recorded: tuple[ServedApp, Recorder]) -> None
                 if event.type in TERMINAL:
                     break
             assert event.type == "response.completed"
-            return [o.type for o in event.response.output]  # type: ignore[union-attr]
+            return [o.type for o in event.response.output]
 
     assert asyncio.run(asyncio.to_thread(turns)) == ["compaction", "message"]
     assert len(recorder.requests) == start + 2  # the summary, then the answer

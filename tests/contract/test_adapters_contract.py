@@ -383,6 +383,8 @@ async def test_image_input(env: Env) -> None:
 @pytest.mark.reasoning_state
 async def test_reasoning_round_trip(env: Env) -> None:
     Reply = env.driver.reply
+    state = env.driver.state
+    assert state is not None  # a driver of the reasoning_state scenarios reads it
     env.add(Reply.text("Forty-two.", reasoning="Let me think.", signature="SIG-abc"))
     reasoning = {"effort": "low", "summary": "auto"}
     r = await create(env, {"input": "Why?", "reasoning": reasoning, "stream": True})
@@ -396,7 +398,7 @@ async def test_reasoning_round_trip(env: Env) -> None:
     env.add(Reply.text("Sure."), Reply.text("Sure."))
     r = await create(env, {"previous_response_id": first["id"], "input": "And?", "reasoning": reasoning})
     assert r.json()["status"] == "completed"
-    assert env.driver.state(env.bodies[-1]) == ["SIG-abc"]
+    assert state(env.bodies[-1]) == ["SIG-abc"]
     # stateless: the client sends the reasoning item back itself
     history = [{"type": "message", "role": "user", "content": "Why?"}, item]
     history.append({"type": "message", "role": "assistant", "content": "Forty-two."})
@@ -404,7 +406,7 @@ async def test_reasoning_round_trip(env: Env) -> None:
         env, {"input": [*history, {"type": "message", "role": "user", "content": "And?"}], "store": False}
     )
     assert r.json()["status"] == "completed", r.text
-    assert env.driver.state(env.bodies[-1]) == ["SIG-abc"]
+    assert state(env.bodies[-1]) == ["SIG-abc"]
 
 
 async def test_max_output_tokens_makes_the_response_incomplete(env: Env) -> None:

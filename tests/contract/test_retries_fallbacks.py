@@ -18,10 +18,11 @@ from gateway.engine.routing import Router
 from gateway.kernel.errors import ModelNotFound
 from gateway.kernel.settings import Settings
 from tests.fakes import anthropic, gemini, openai_chat, openai_responses
+from tests.fakes.scripted import FakeUpstream
 from tests.fakes.server import unused_port
 from tests.harness import ServedApp, serve_gateway
 
-FAKES = {
+FAKES: dict[str, type[FakeUpstream[Any]]] = {
     "openai-chat": openai_chat.FakeOpenAIChat,
     "openai-responses": openai_responses.FakeOpenAIResponses,
     "anthropic": anthropic.FakeAnthropic,

@@ -31,7 +31,7 @@ def instructions() -> list[tuple[str, str]]:
 
 
 def pins() -> dict[str, str]:
-    out = {}
+    out: dict[str, str] = {}
     for line in CONSTRAINTS.read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             name, sep, version = line.partition("==")

@@ -289,7 +289,7 @@ def test_error_event_is_keyword_only_and_on_by_default() -> None:
     body = CreateResponseBody(model="m", input="x")
     resource = new_resource(body, response_id="resp_test", model="m", store=False)
     with pytest.raises(TypeError):
-        ResponseBuilder(resource, False)  # type: ignore[misc]
+        ResponseBuilder(resource, False)  # type: ignore[call-arg]
     b = ResponseBuilder(resource)
     b.start()
     assert [e["type"] for e in b.fail(UpstreamError("x"))] == ["error", "response.failed"]

@@ -35,6 +35,6 @@ def test_the_wire_strings_are_unchanged() -> None:
     assert orjson.loads(orjson.dumps(err.http_body())) == {
         "error": {"type": "invalid_request_error", "code": "invalid_json", "message": "x", "param": "p"}
     }
-    assert ErrorCode.WEBSOCKET_LANE_LIMIT == "websocket_lane_limit"
+    assert ErrorCode.WEBSOCKET_LANE_LIMIT.value == "websocket_lane_limit"
     assert f"{ErrorCode.INVALID_API_KEY}" == "invalid_api_key"
     assert len({c.value for c in ErrorCode}) == len(ErrorCode)

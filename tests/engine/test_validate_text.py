@@ -3,6 +3,7 @@ walked character by character (it cost a few hundred µs per KB of replayed hist
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from types import SimpleNamespace
 
 from gateway.engine.validate import _check_parts_depth, create_request
@@ -10,7 +11,7 @@ from gateway.kernel.settings import Limits
 
 
 class Unwalkable(str):
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[str]:
         raise AssertionError("a message's text was walked character by character")
 
 

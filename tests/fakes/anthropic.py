@@ -148,6 +148,7 @@ class FakeAnthropic(ScriptedFake):
         blocks: list[dict[str, Any]] = []
         args: dict[int, str] = {}
         for _, event in self.render(reply, body, model):
+            assert isinstance(event, dict)  # Anthropic's events are all JSON
             kind = event["type"]
             if kind == "message_start":
                 message = dict(event["message"])

@@ -65,7 +65,7 @@ def unused_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def serve_asgi(app: ASGIApp, *, graceful_seconds: float = 1.0) -> AsyncIterator[LoopbackServer]:
+async def serve_asgi(app: ASGIApp, *, graceful_seconds: int = 1) -> AsyncIterator[LoopbackServer]:
     """Serve ``app`` with uvicorn (h11, no lifespan) until the block exits."""
     logging.getLogger("uvicorn.error").addFilter(_DropHangups())
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

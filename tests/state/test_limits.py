@@ -9,16 +9,16 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gateway.kernel.errors import ServiceUnavailable
-from state.limits.base import Check, Limiter
+from state.limits.base import Check, CheckKind, Limiter
 from state.limits.memory import MemoryLimiter
 from state.limits.redis import RedisLimiter
 from tests.redis_server import delete_prefix, free_port, redis_url, unique_prefix
 from tests.state.conftest import REDIS_MODES, target_of
 
-RPM = Check("r", "rpm", 3)
-TPM = Check("t", "tpm", 1000)
-CONC = Check("c", "conc", 2)
-BUDGET = Check("b", "budget:x", 500, 3_600_000)
+RPM = Check(CheckKind.REQUESTS, "rpm", 3)
+TPM = Check(CheckKind.TOKENS, "tpm", 1000)
+CONC = Check(CheckKind.CONCURRENCY, "conc", 2)
+BUDGET = Check(CheckKind.BUDGET, "budget:x", 500, 3_600_000)
 
 
 @pytest.fixture(params=["memory", *REDIS_MODES])

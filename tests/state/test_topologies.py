@@ -16,7 +16,7 @@ from gateway.engine.store_health import StoreHealth
 from gateway.kernel.errors import ServiceUnavailable
 from gateway.kernel.settings import ConfigError, StateSettings, load_settings
 from state.factory import create_ledger, create_limiter, create_store
-from state.limits.base import Check
+from state.limits.base import Check, CheckKind
 from state.limits.redis import RedisLimiter
 from state.redis import RedisStore
 from state.redis_usage import RedisLedger
@@ -31,7 +31,7 @@ from tests.redis_topology import (
 )
 from tests.state.conftest import make_response, pending_of, put_chain
 
-RPM = Check("r", "rpm", 2)
+RPM = Check(CheckKind.REQUESTS, "rpm", 2)
 
 
 def tenants_per_master(

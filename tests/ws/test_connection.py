@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -41,7 +41,7 @@ def ws_requests(served: ServedApp) -> int:
     return int(served.app.state.metrics.total("gateway_requests_total", transport="websocket"))
 
 
-async def wait_for(predicate, seconds: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+async def wait_for(predicate: Callable[[], object], seconds: float = 5.0) -> None:
     deadline = time.monotonic() + seconds
     while not predicate():
         assert time.monotonic() < deadline, "condition not met in time"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -30,7 +30,7 @@ TOOL = {
 }
 ARGS = ['{"ci', 'ty": ', '"Par', 'is"}']
 
-Script = list[Delta | float] | UpstreamError  # a float: a pause of that many seconds
+Script = Sequence[Delta | float] | UpstreamError  # a float: a pause of that many seconds
 
 
 def words(n: int) -> list[Delta]:

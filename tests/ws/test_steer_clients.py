@@ -11,6 +11,8 @@ from typing import Any
 
 import openai
 import pytest
+from openai.types.responses import ResponseFunctionToolCall
+from openai.types.responses.response_steer_required_input import FunctionCallOutput
 
 from tests.fakes.anthropic import FakeAnthropic
 from tests.fakes.gemini import FakeGemini
@@ -115,8 +117,11 @@ async def test_async_sdk_pending_steer_after_a_tool_call_on_the_mock_model(serve
         assert accepted.type == "response.steer.accepted" and pending.type == "response.steer.pending"
         assert type(pending).__name__ == "ResponseSteerPendingEvent"
         [stub] = pending.required_input
+        assert isinstance(stub, FunctionCallOutput)
         assert (stub.type, stub.name) == ("function_call_output", "lookup")
-        assert stub.call_id == first.output[0].call_id  # type: ignore[union-attr]
+        call = first.output[0]
+        assert isinstance(call, ResponseFunctionToolCall)
+        assert stub.call_id == call.call_id
         await conn.response.create(
             model="mock",
             input=[{"type": "function_call_output", "call_id": stub.call_id, "output": "found"}],

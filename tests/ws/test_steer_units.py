@@ -26,7 +26,12 @@ Event = dict[str, Any]
 
 
 def builder() -> ResponseBuilder:
-    resource = {"id": "resp_1", "status": "in_progress", "output": [], "incomplete_details": None}
+    resource: dict[str, Any] = {
+        "id": "resp_1",
+        "status": "in_progress",
+        "output": [],
+        "incomplete_details": None,
+    }
     b = ResponseBuilder(resource, error_event=False)
     b.start()
     return b

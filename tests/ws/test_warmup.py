@@ -103,7 +103,7 @@ async def test_openai_sdk_async_connect_warm_up_then_generate(recorded: tuple[Se
             if event.type in TERMINAL:
                 break
         assert event.type == "response.completed"
-        assert event.response.output_text == "Hello! You said: The code?"  # type: ignore[union-attr]
+        assert event.response.output_text == "Hello! You said: The code?"
     (transcript,) = recorder.transcripts()[start:]
     assert [i["content"][0]["text"] for i in transcript] == [
         "Background: the vault code is 7-1-9.",
@@ -143,4 +143,4 @@ def sync_client_turns(gw: ServedApp) -> tuple[str, int, str]:
             if event.type in TERMINAL:
                 break
         assert event.type == "response.completed"
-        return warm.status, warm.usage.total_tokens, event.response.output_text  # type: ignore[union-attr]
+        return warm.status, warm.usage.total_tokens, event.response.output_text

@@ -67,8 +67,7 @@ def _validate(path: str | None, overrides: dict[str, Any]) -> Settings:
         YamlFileSource(Settings, path),
     )
     try:
-        # BaseSettings.__init__'s own argument (mypy sees only the fields' __init__)
-        return Settings(_build_sources=(sources, overrides))  # type: ignore[call-arg]
+        return Settings(_build_sources=(sources, overrides))  # BaseSettings.__init__'s own argument
     except ValidationError as exc:
         raise ConfigError("invalid configuration:\n" + "\n".join(_error_lines(exc))) from None
     except (OSError, yaml.YAMLError, ValueError) as exc:

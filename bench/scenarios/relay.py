@@ -1,9 +1,9 @@
 """Relay cost (issue 14): what the gateway adds per WebSocket turn and per relayed event, in one run.
 
-Processes: the fake upstream (``bench/upstream.py``), one gateway (``python -m gateway serve``, one
+Processes: the fake upstream (``bench/lib/upstream.py``), one gateway (``python -m gateway serve``, one
 uvicorn worker, ``log.level: warning``) and, when the gateway supports ``merge_deltas``, a second one
 with ``merge_deltas: false`` on its provider (one event per upstream delta, however they arrive).
-This process is the client (uvloop, raw HTTP/1.1 from ``bench/load.py``, the ``websockets`` client).
+This process is the client (uvloop, raw HTTP/1.1 from ``bench/lib/load.py``, the ``websockets`` client).
 
 * **conversation**: ``--reps`` × a ``--turns``-turn text conversation (a ~1 KB user message per turn,
   ``--answer``-delta answers, ``store: false``), three ways, interleaved per rep (rotating order):
@@ -14,8 +14,8 @@ This process is the client (uvloop, raw HTTP/1.1 from ``bench/load.py``, the ``w
   gateway's CPU (scheduler ns, ``/proc/PID/task/*/schedstat``) per stream ÷ deltas = CPU µs per
   relayed upstream delta, and the events it sent.
 
-    python -m bench.relay            # about a minute
-    python -m bench.relay --quick    # fewer reps and streams
+    python -m bench relay            # about a minute
+    python -m bench relay --quick    # fewer reps and streams
 
 Prints a table, writes ``bench/results/relay-<UTC time>.json``. See bench/README.md ("relay.py").
 """
@@ -36,15 +36,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # ``python bench/relay.py``
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import orjson
 
-from bench.load import Conn, Patterns, cpu_seconds, decode_chunked, post, sse_events
-from bench.procs import HOST, ROOT, Proc, cpu_times, machine_share, start_gateway, start_upstream
+from bench.lib.load import Conn, Patterns, cpu_seconds, decode_chunked, post, sse_events
+from bench.lib.procs import HOST, RESULTS, ROOT, Proc, cpu_times, machine_share, start_gateway, start_upstream
 
-RESULTS = ROOT / "bench" / "results"
 TIMEOUT = 60.0
 USER_KB = "Please read this carefully and answer briefly. " * 22  # ~1 KB (1,034 bytes)
 _TERMINAL = (b"response.completed", b"response.failed", b"response.incomplete")
@@ -143,7 +139,7 @@ async def conv_http(port: int, model: str, turns: int) -> list[float]:
 
 
 class RawWS(asyncio.Protocol):
-    """A minimal WebSocket client, as lean as the raw HTTP client (``bench.load.Conn``), so that
+    """A minimal WebSocket client, as lean as the raw HTTP client (``bench.lib.load.Conn``), so that
     the client's own per-message cost (the ``websockets`` library's is ~20-30 µs a message) is not
     counted as the gateway's: one upgrade, text frames out (masked with the all-zero key RFC 6455
     allows), server frames parsed by their 2-10 byte headers; ``turn()`` returns the terminal

@@ -1,15 +1,15 @@
 """Workers benchmark: ``serve --workers 2`` against one worker and against the direct upstream, in
 one run (bench/README.md, "Workers").
 
-Processes on loopback: the fake upstream (bench/upstream.py), a one-worker gateway, a two-worker
-gateway (supervisor + two workers) and the load generator (bench/load.py). Non-streaming JSON at
+Processes on loopback: the fake upstream (bench/lib/upstream.py), a one-worker gateway, a two-worker
+gateway (supervisor + two workers) and the load generator (bench/lib/load.py). Non-streaming JSON at
 concurrency 64, the targets interleaved in rounds (direct, 1 worker, 2 workers, ...), each round
 time-capped, so that drift on the shared machine hits all alike; then the built-in ``mock`` model
 (no upstream) on both gateways. Gateway CPU is the sum over its processes (every worker and the
 supervisor) from /proc.
 
-    python -m bench.workers            # about 1.5 minutes
-    python -m bench.workers --quick    # about half a minute
+    python -m bench workers            # about 1.5 minutes
+    python -m bench workers --quick    # about half a minute
 
 Output: a table on stdout and ``bench/results/workers-<UTC time>.json``.
 """
@@ -27,14 +27,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # ``python bench/workers.py``
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import orjson
 
-from bench.load import cpu_seconds
-from bench.procs import (
+from bench.lib.load import cpu_seconds
+from bench.lib.procs import (
     HOST,
+    RESULTS,
     ROOT,
     LoadWorker,
     Proc,
@@ -46,7 +44,6 @@ from bench.procs import (
     write_config,
 )
 
-RESULTS = ROOT / "bench" / "results"
 PROMPT = "Say hello in one short sentence."
 CONCURRENCY = 64
 
@@ -118,7 +115,8 @@ def measure(
         "targets": targets,
         "pids": pids,
     }
-    return load.run(cmd, timeout=len(targets) * (2 * seconds + 60 * rounds) + 30)
+    result: dict[str, Any] = load.run(cmd, timeout=len(targets) * (2 * seconds + 60 * rounds) + 30)
+    return result
 
 
 def cpu_ms(summary: dict[str, Any], names: list[str]) -> float:

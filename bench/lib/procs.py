@@ -16,7 +16,8 @@ from typing import IO, Any
 
 import orjson
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "bench" / "results"
 HOST = "127.0.0.1"
 
 
@@ -128,7 +129,7 @@ class Proc:
 def start_upstream(chunks: int) -> tuple[Proc, int]:
     proc = Proc(
         "upstream",
-        [sys.executable, "-m", "bench.upstream", "--port", "0", "--chunks", str(chunks)],
+        [sys.executable, "-m", "bench.lib.upstream", "--port", "0", "--chunks", str(chunks)],
         stdout=subprocess.PIPE,
     )
     assert proc.popen.stdout is not None
@@ -220,11 +221,11 @@ def start_gateway(
 
 
 class LoadWorker:
-    """``python -m bench.load``: one JSON command per line in, one JSON answer per line out."""
+    """``python -m bench.lib.load``: one JSON command per line in, one JSON answer per line out."""
 
     def __init__(self) -> None:
         self.proc = Proc(
-            "load", [sys.executable, "-m", "bench.load"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            "load", [sys.executable, "-m", "bench.lib.load"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
 
     def run(self, cmd: dict[str, Any], timeout: float) -> Any:

@@ -1,9 +1,9 @@
 """Observability overhead: tracing off vs on vs metrics scraped, against the direct upstream and the
 gateway before observability (the merge base), in the same run.
 
-Targets, interleaved in rounds by the load generator (``bench/load.py``) with equal request counts:
+Targets, interleaved in rounds by the load generator (``bench/lib/load.py``) with equal request counts:
 
-* ``direct``: the fake upstream itself (``bench/upstream.py``), the baseline of every ratio;
+* ``direct``: the fake upstream itself (``bench/lib/upstream.py``), the baseline of every ratio;
 * ``before``: the gateway at ``--base`` (default: the merge base with ``main``, exported with
   ``git archive``: the code without this branch's observability);
 * ``off``: this gateway, tracing off (metrics are always recorded, never scraped here);
@@ -12,8 +12,8 @@ Targets, interleaved in rounds by the load generator (``bench/load.py``) with eq
 * ``scraped``: this gateway in multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set: every sample is
   written to a file, as with ``serve --workers``), /metrics scraped once a second during the load.
 
-    python -m bench.overhead            # about 3 minutes
-    python -m bench.overhead --quick    # about a minute
+    python -m bench overhead            # about 3 minutes
+    python -m bench overhead --quick    # about a minute
 
 Prints a table and writes ``bench/results/overhead-<UTC time>.json``.
 """
@@ -35,14 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # ``python bench/overhead.py``
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import orjson
 
-from bench.procs import HOST, ROOT, LoadWorker, free_port, http_get, start_upstream
+from bench.lib.procs import HOST, RESULTS, ROOT, LoadWorker, free_port, http_get, start_upstream
 
-RESULTS = ROOT / "bench" / "results"
 PROMPT = "Say hello in one short sentence."
 CHUNKS = 16
 NAMES = ("direct", "before", "off", "tracing", "scraped")

@@ -1,4 +1,4 @@
-"""The stdout table of a benchmark run (``python -m bench.report bench/results/run-….json`` re-prints one)."""
+"""The stdout table of a benchmark run (``python -m bench report bench/results/run-….json`` re-prints one)."""
 
 from __future__ import annotations
 

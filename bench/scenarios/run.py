@@ -1,17 +1,17 @@
 """Gateway benchmark: the gateway against the direct upstream, measured in the same run.
 
 Three processes on loopback (plus a fourth for a few stages): the fake upstream
-(``bench/upstream.py``, speaking Chat Completions, Responses, Anthropic Messages and Gemini), the
+(``bench/lib/upstream.py``, speaking Chat Completions, Responses, Anthropic Messages and Gemini), the
 gateway (``python -m gateway serve``, one uvicorn worker) routing models to it through the
 ``openai-chat`` adapter (and, in the per-adapter stage, through each of the four HTTP adapters), and
-the load generator (``bench/load.py``), which sends the same load to the fake directly (the baseline)
+the load generator (``bench/lib/load.py``), which sends the same load to the fake directly (the baseline)
 and through the gateway, interleaved in rounds. Figures are reported as absolute numbers and as
 gateway-vs-direct differences/ratios, because this 2-core machine is shared and noisy.
 
-    python -m bench.run            # full run, about 4-5 minutes
-    python -m bench.run --quick    # about 1 minute, fewer requests
-    python -m bench.run --profile  # also py-spy profiles of the gateway under load (+~1 min)
-    python -m bench.run --profile-only  # only the profiles (~2 min)
+    python -m bench run            # full run, about 4-5 minutes
+    python -m bench run --quick    # about 1 minute, fewer requests
+    python -m bench run --profile  # also py-spy profiles of the gateway under load (+~1 min)
+    python -m bench run --profile-only  # only the profiles (~2 min)
 
 Output: a table on stdout and ``bench/results/run-<UTC time>.json``. See bench/README.md.
 """
@@ -32,15 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # ``python bench/run.py``
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import orjson
 
-from bench import report
-from bench.load import cpu_seconds
-from bench.procs import (
+from bench.lib import report
+from bench.lib.load import cpu_seconds
+from bench.lib.procs import (
     ADAPTER_PROVIDERS,
+    RESULTS,
     ROOT,
     LoadWorker,
     Proc,
@@ -55,9 +53,8 @@ from bench.procs import (
     start_upstream,
     write_config,
 )
-from bench.spy import Recorder, format_summary, summarize
+from bench.lib.spy import Recorder, format_summary, summarize
 
-RESULTS = ROOT / "bench" / "results"
 PROMPT = "Say hello in one short sentence."
 SHORT_CHUNKS = 16  # content chunks of an ordinary stream
 LONG_CHUNKS = 500  # content chunks of a long stream (relayed events per second)
@@ -77,7 +74,7 @@ for _kind, (_provider, _) in ADAPTER_PROVIDERS.items():  # the per-adapter stage
     GATEWAY_MODELS[f"adapter-{_kind}"] = (_provider, "fake")
     GATEWAY_MODELS[f"adapter-{_kind}-sse"] = (_provider, f"fake-{SHORT_CHUNKS}")
 
-# Byte patterns the load generator counts (see bench/load.py).
+# Byte patterns the load generator counts (see bench/lib/load.py).
 GW_SSE = {
     "marker": "event: response.output_text.delta\n",
     "events": "\nevent: ",

@@ -1,7 +1,7 @@
 """Continuation cost vs chain length, memory vs Redis: ``chain()`` (what a continuation reads)
 latency and bytes read, and ``put()`` of the continuation (which extends its ancestors' TTLs).
 
-Run from the repo root: ``python -m bench.chain_cost`` (Redis from ``REDIS_URL``, else
+Run from the repo root: ``python -m bench chain_cost`` (Redis from ``REDIS_URL``, else
 127.0.0.1:6379, else a private redis-server). Takes a few seconds.
 """
 
@@ -15,11 +15,11 @@ from typing import Any
 
 from redis.asyncio.connection import AbstractConnection
 
+from bench.lib import redis_server
 from state import codec
 from state.base import ResponseStore, StoredResponse
 from state.memory import MemoryStore
 from state.redis import RedisStore
-from tests import redis_server
 
 LENGTHS = (1, 10, 100)
 ITERATIONS = {1: 400, 10: 300, 100: 100}
@@ -111,15 +111,15 @@ async def measure(name: str, store: ResponseStore) -> list[tuple[str, int, float
 
 
 async def main() -> None:
-    url = redis_server.redis_url()
-    prefix = redis_server.unique_prefix()
-    memory = MemoryStore(max_entries=100_000, max_bytes=10**9, ttl_seconds=600)
-    redis = RedisStore(url, key_prefix=prefix, ttl_seconds=600, timeout_seconds=2.0)
-    try:
-        rows = await measure("memory", memory) + await measure("redis", redis)
-    finally:
-        await redis.aclose()
-        redis_server.delete_prefix(url, prefix)
+    with redis_server.redis_url() as url:
+        prefix = redis_server.unique_prefix()
+        memory = MemoryStore(max_entries=100_000, max_bytes=10**9, ttl_seconds=600)
+        redis = RedisStore(url, key_prefix=prefix, ttl_seconds=600, timeout_seconds=2.0)
+        try:
+            rows = await measure("memory", memory) + await measure("redis", redis)
+        finally:
+            await redis.aclose()
+            redis_server.delete_prefix(url, prefix)
     header = ("store", "turns", "p50 ms", "p95 ms", "bytes read", "B/turn", "RTT/call", "put p50 ms")
     print("{:<7} {:>5} {:>8} {:>8} {:>11} {:>7} {:>8} {:>10}".format(*header))
     for name, n, p50, p95, read, trips, put in rows:

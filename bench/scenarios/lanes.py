@@ -3,11 +3,11 @@ sockets vs FIFO on one lane (and the direct upstream: the same two streams fetch
 and the time from ``response.steer`` to the successor's ``response.created`` (vs a fresh create's
 ``response.created`` on an idle socket, and the upstream's own time to first byte).
 
-Two upstreams: the benchmark's fast fake (bench/upstream.py, every stream written at once: the
+Two upstreams: the benchmark's fast fake (bench/lib/upstream.py, every stream written at once: the
 gateway is CPU-bound) and a paced one in this process (``--pace-ms`` between chunks, as a model
 generates: the gateway mostly waits), both speaking Chat Completions to the openai-chat adapter.
 
-Run from the repo root: ``python -m bench.lanes [--pairs 40] [--steers 30]``. Starts the fast
+Run from the repo root: ``python -m bench lanes [--pairs 40] [--steers 30]``. Starts the fast
 fake and a gateway on loopback and stops them (only them) at the end. Prints a table and writes
 bench/results/lanes-<time>.json. Asserts nothing.
 """
@@ -25,13 +25,12 @@ from typing import Any
 import orjson
 from websockets.asyncio.client import ClientConnection, connect
 
-from bench.procs import ADAPTER_PROVIDERS, HOST, start_gateway, start_upstream
+from bench.lib.procs import ADAPTER_PROVIDERS, HOST, RESULTS, start_gateway, start_upstream
 
 _HEAD = b'{"id":"c","object":"chat.completion.chunk","created":1,"model":"p","choices":'
 CHUNK = _HEAD + b'[{"index":0,"delta":%s,"finish_reason":%s}]}'
 USAGE = _HEAD + b'[],"usage":{"prompt_tokens":9,"completion_tokens":%d,"total_tokens":%d}}'
 
-RESULTS = Path(__file__).resolve().parent / "results"
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
 LONG = 100_000  # chunks of the stream a steer interrupts (it never gets near the end)
 

@@ -1,10 +1,10 @@
 """CPU per upstream call of the gateway's HTTP client (``adapters/transport.py`` over
 ``adapters/http1/``), in process, against the bench fake upstream: a small streamed POST, a
-64-chunk and a 4096-chunk stream, each body read with ``next_chunk``; ``bench/load.py``'s raw client
+64-chunk and a 4096-chunk stream, each body read with ``next_chunk``; ``bench/lib/load.py``'s raw client
 (a bare asyncio protocol that scans the bytes for its markers) in the same run. ``--against TREE`` adds
 another checkout's ``adapters/transport.py`` (e.g. one still on aiohttp), loaded from its file.
 
-    python -m bench.client_cost [--reps 3] [--against ../other-tree]
+    python -m bench client_cost [--reps 3] [--against ../other-tree]
 
 About half a minute; medians over ``--reps``, CPU from ``time.process_time``.
 """
@@ -25,8 +25,8 @@ import structlog
 import uvloop
 
 import adapters.transport
-from bench.load import Conn, Patterns, post
-from bench.procs import HOST, start_upstream
+from bench.lib.load import Conn, Patterns, post
+from bench.lib.procs import HOST, start_upstream
 from gateway.kernel.settings import ProviderSettings
 
 CASES = (
@@ -83,7 +83,7 @@ async def main(reps: int, against: str | None, port: int) -> None:
             async def floor(request: bytes = request) -> None:
                 await raw.request(request, Patterns(), keep_body=True)
 
-            results.setdefault((label, "bench/load.py raw client"), []).append(await _cpu_us(floor, n))
+            results.setdefault((label, "bench/lib/load.py raw client"), []).append(await _cpu_us(floor, n))
     for (label, name), values in results.items():
         print(f"{label:20} {name:28} CPU per call {statistics.median(values):9.1f} µs")
     for _, client in clients.values():

@@ -6,7 +6,7 @@ time: per function self time (the frame at the top of the stack) and inclusive t
 the stack), and self time per source file. py-spy samples only threads that are running Python
 code by default, so time the event loop spends waiting in epoll does not appear.
 
-Stand-alone: ``python -m bench.spy bench/results/profile-json_c64.txt`` prints the summary.
+Stand-alone: ``python -m bench spy bench/results/profile-json_c64.txt`` prints the summary.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ and its last message is a ``user`` message, the answer is one streamed ``lookup`
 ``call_<message count>``) with ``finish_reason: tool_calls``; after a ``tool`` message it answers N
 text chunks as usual.
 
-Run: ``python -m bench.upstream --port 9001`` (prints ``READY <port>`` on stdout when listening).
+Run: ``python -m bench upstream --port 9001`` (prints ``READY <port>`` on stdout when listening).
 """
 
 from __future__ import annotations

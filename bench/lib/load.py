@@ -9,7 +9,7 @@ request bytes and the byte patterns it looks for differ. Responses are scanned, 
 * events are counted by occurrences of byte patterns (counted across read boundaries).
 
 ``bench/run.py`` drives it as a worker: one JSON command per stdin line, one JSON answer per
-stdout line (``python -m bench.load``). Commands: ``http`` (paired direct/gateway runs or a
+stdout line (``python -m bench load``). Commands: ``http`` (paired direct/gateway runs or a
 single target), ``agent`` (the 20-turn conversation), ``ws_idle_open`` / ``ws_idle_close``,
 ``quit``. Every loop is bounded by a request count and a deadline.
 """

@@ -1,0 +1,1 @@
+"""One module per benchmark, each run as ``python -m bench <name> [options]``."""
