@@ -14,13 +14,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gateway.api.encode import json_bytes
-from gateway.api.server_protocol import LATE_BODY
 from gateway.engine.telemetry import NOOP_SPAN, Span, turn_attributes
 from gateway.engine.validate import parse_json
 from gateway.kernel.errors import GatewayError, InvalidRequest, PayloadTooLarge
 from gateway.kernel.ids import new_id, safe_id
 from gateway.kernel.settings import Limits
 from gateway.metrics import Metrics
+from gateway.server.internals import LATE_BODY
 
 if TYPE_CHECKING:
     from gateway.engine.auth import Principal

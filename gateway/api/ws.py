@@ -21,7 +21,7 @@ from gateway.api.frames import TERMINAL_EVENTS, FrameWriter
 from gateway.api.inflight import InFlight
 from gateway.api.lanes import Job, Lane, lane_of, tagged
 from gateway.api.live import LiveGateway
-from gateway.api.stall import StallWatch, abort_transport
+from gateway.api.stall import StallWatch
 from gateway.api.steering import Handoff, SteerBook, Target
 from gateway.engine.auth import Principal
 from gateway.engine.orchestrator import Gateway
@@ -40,6 +40,7 @@ from gateway.kernel.errors import (
 )
 from gateway.kernel.ids import new_id
 from gateway.metrics import Metrics
+from gateway.server.internals import abort_websocket
 from state.connection import ConnectionCache
 
 log = structlog.get_logger("gateway.ws")
@@ -222,7 +223,7 @@ class Connection:
         self.closed = True
         self.draining = True
         self._cancel()
-        abort_transport(self.ws._send)
+        abort_websocket(self.ws)
 
     # -- reading -------------------------------------------------------------------------------
     async def _read(self) -> None:
