@@ -113,11 +113,12 @@ class BodyWriter:
                 self._owner, self._send({"type": "http.response.body", "body": frame, "more_body": True})
             )
             return
-        if sink.blocked():  # as uvicorn's send: wait to resume
-            self.flush()
-            await _stamped(self._owner, sink.drain())
-        if sink.gone():
-            return  # as uvicorn's send: dropped (the DisconnectWatch ends the turn)
+        if not sink.open():
+            if not sink.gone():  # paused: as uvicorn's send, wait to resume
+                self.flush()
+                await _stamped(self._owner, sink.drain())
+            if sink.gone():
+                return  # as uvicorn's send: dropped (the DisconnectWatch ends the turn)
         self._buf.append(frame)
         self._size += len(frame)
         if self._size >= FLUSH_BYTES:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from uvicorn import Config, Server
@@ -278,28 +278,40 @@ def ws_sink(websocket: WebSocket) -> WsSink | None:
 
 
 # -- SSE: body chunks straight to uvicorn's httptools transport -------------------------------------
+class _Flow(Protocol):  # uvicorn's FlowControl
+    write_paused: bool
+
+    def drain(self) -> Awaitable[None]: ...
+
+
+class _Cycle(Protocol):  # uvicorn's httptools RequestResponseCycle
+    flow: _Flow
+    transport: asyncio.WriteTransport
+    disconnected: bool
+
+
 class ChunkSink:
     """uvicorn's httptools ``RequestResponseCycle`` behind an ASGI ``send``, its response started
     with chunked encoding: ``write_chunk`` writes one HTTP chunk, as uvicorn writes it."""
 
     __slots__ = ("_cycle",)
 
-    def __init__(self, cycle: Any) -> None:
+    def __init__(self, cycle: _Cycle) -> None:
         self._cycle = cycle
 
-    def blocked(self) -> bool:
-        """uvicorn has paused writing (the client reads slowly) and the client is still there."""
+    def open(self) -> bool:
+        """A chunk can be written now: the client is there and uvicorn has not paused writing
+        (one call per event; when it is False, ``gone`` says which)."""
         cycle = self._cycle
-        return bool(cycle.flow.write_paused and not cycle.disconnected)
+        return not cycle.flow.write_paused and not cycle.disconnected
 
     def drain(self) -> Awaitable[None]:
-        """Until uvicorn resumes writing."""
-        result: Awaitable[None] = self._cycle.flow.drain()
-        return result
+        """Until uvicorn resumes writing (the client reads slowly)."""
+        return self._cycle.flow.drain()
 
     def gone(self) -> bool:
         """The client disconnected (what is sent now is dropped, as uvicorn's send drops it)."""
-        return bool(self._cycle.disconnected)
+        return self._cycle.disconnected
 
     def write_chunk(self, body: bytes) -> None:
         cycle = self._cycle
