@@ -97,7 +97,7 @@ def log_config_error(message: str) -> None:
 
 
 def _uvicorn_through_root() -> None:
-    from uvicorn.config import LOGGING_CONFIG
+    from gateway.server.internals import LOGGING_CONFIG
 
     LOGGING_CONFIG["handlers"] = {}
     LOGGING_CONFIG["loggers"] = {name: {"handlers": [], "propagate": True} for name in _UVICORN_LOGGERS}

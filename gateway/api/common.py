@@ -15,7 +15,6 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gateway.api.encode import json_bytes
-from gateway.api.server_protocol import LATE_BODY
 from gateway.engine.limits import reset_text
 from gateway.engine.telemetry import NOOP_SPAN, Span
 from gateway.engine.validate import parse_json
@@ -24,6 +23,7 @@ from gateway.kernel.ids import new_id, safe_id
 from gateway.kernel.settings import Limits
 from gateway.observability.genai import turn_attributes
 from gateway.observability.observer import Metrics
+from gateway.server.internals import LATE_BODY
 
 if TYPE_CHECKING:
     from gateway.engine.auth import Principal

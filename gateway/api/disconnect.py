@@ -9,7 +9,7 @@ from typing import Any
 
 from starlette.types import Receive, Send
 
-from gateway.api.stall import abort_transport
+from gateway.server.internals import abort_transport
 
 
 class DisconnectWatch:

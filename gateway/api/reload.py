@@ -1,7 +1,7 @@
 """Live reload: re-read the config file and the environment, validate them with the one validator,
 build a new ``Gateway`` and swap it in (gateway/api/live.py), or refuse and keep the old one.
 
-Triggered by SIGHUP (gateway/cli.py) or ``POST /admin/reload`` (gateway/api/admin.py). A worker
+Triggered by SIGHUP (gateway/server/server.py) or ``POST /admin/reload`` (gateway/api/admin.py). A worker
 under the supervisor does not reload on its own from the admin route: it checks the config, then
 signals the supervisor, which sends SIGHUP to every worker, itself included, and answers with the
 outcome of its own reload. Settings that only take effect at start keep their running values and

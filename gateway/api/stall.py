@@ -6,7 +6,8 @@ Each open SSE stream and WebSocket stamps ``since`` (time.monotonic) while a sen
 two attribute writes per event. One watchdog task per process looks every quarter of the bound
 (at most a second) and calls ``stalled()`` on any sender blocked longer than
 ``limits.client_send_seconds``: the sender cancels its turn (so the upstream call is cancelled)
-and drops the client. One tenant's stalled clients thus free what they held for everyone else.
+and drops the client (``abort_transport``, gateway/server/internals.py). One tenant's stalled
+clients thus free what they held for everyone else.
 """
 
 from __future__ import annotations
@@ -25,17 +26,6 @@ class Sender(Protocol):
     since: float  # when the send in progress began (time.monotonic); 0.0: none in progress
 
     def stalled(self) -> None: ...
-
-
-def abort_transport(send: object) -> None:
-    """Close the client's socket at once, discarding what is buffered for it (a close frame or the
-    end of a response could never be delivered to a client that does not read). uvicorn's ASGI
-    ``send`` is a bound method of the object holding the transport; elsewhere this does nothing,
-    and cancelling the turn is all that happens."""
-    transport = getattr(getattr(send, "__self__", None), "transport", None)
-    abort = getattr(transport, "abort", None)
-    if callable(abort):
-        abort()
 
 
 class StallWatch:

@@ -22,7 +22,7 @@ from gateway.api.frames import TERMINAL_EVENTS, FrameWriter
 from gateway.api.inflight import InFlight
 from gateway.api.lanes import Job, Lane, lane_of, tagged
 from gateway.api.live import LiveGateway
-from gateway.api.stall import StallWatch, abort_transport
+from gateway.api.stall import StallWatch
 from gateway.api.steering import Handoff, SteerBook, Target
 from gateway.engine.auth import Principal
 from gateway.engine.orchestrator import Gateway
@@ -41,6 +41,7 @@ from gateway.kernel.errors import (
 )
 from gateway.kernel.ids import new_id
 from gateway.observability.observer import Metrics
+from gateway.server.internals import abort_websocket
 from state.connection import ConnectionCache
 
 log = structlog.get_logger("gateway.ws")
@@ -245,7 +246,7 @@ class Connection:
         (no close frame: it could not be delivered)."""
         self.phase = ConnectionPhase.CLOSED
         self._cancel()
-        abort_transport(self.ws._send)
+        abort_websocket(self.ws)
 
     # -- reading -------------------------------------------------------------------------------
     async def _read(self) -> None:

@@ -19,9 +19,9 @@ import orjson
 import pytest
 from structlog.testing import capture_logs
 
-from gateway.api.server_protocol import H11Bounded, bounded_protocol
 from gateway.app import create_app
 from gateway.kernel.settings import Settings
+from gateway.server.server_protocol import H11Bounded, bounded_protocol
 from tests.api.helpers import serve_cli, wait_until_up
 from tests.harness import ServedApp, free_port
 

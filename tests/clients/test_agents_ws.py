@@ -24,8 +24,8 @@ from agents import (
 )
 
 from gateway.app import create_app
-from gateway.cli import uvicorn_ws_options
 from gateway.kernel.settings import Settings
+from gateway.server.server import uvicorn_ws_options
 from tests.fakes.anthropic import FakeAnthropic
 from tests.fakes.gemini import FakeGemini
 from tests.fakes.scripted import ScriptedFake

@@ -17,9 +17,9 @@ from websockets.asyncio.client import ClientConnection, connect
 from adapters.base import Adapter, UpstreamRequest
 from adapters.deltas import Delta, Finish, TextDelta, Usage
 from adapters.mock.adapter import MockAdapter
-from gateway.cli import uvicorn_ws_options
 from gateway.kernel.errors import UpstreamError
 from gateway.kernel.settings import ModelRoute, ProviderSettings, RetrySettings, Settings
+from gateway.server.server import uvicorn_ws_options
 from tests.harness import ServedApp, serve_gateway
 
 TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})

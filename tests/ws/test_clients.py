@@ -11,8 +11,8 @@ import pytest
 from agents import Agent, ModelSettings, function_tool, responses_websocket_session, set_tracing_disabled
 
 from gateway.app import create_app
-from gateway.cli import uvicorn_ws_options
 from gateway.kernel.settings import Settings
+from gateway.server.server import uvicorn_ws_options
 from tests.harness import ServedApp
 from tests.ws.helpers import FrameTap, Recorder, install
 

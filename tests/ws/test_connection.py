@@ -19,8 +19,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from gateway.app import create_app
-from gateway.cli import GatewayServer, uvicorn_ws_options
 from gateway.kernel.settings import Settings
+from gateway.server.server import GatewayServer, uvicorn_ws_options
 from tests.harness import ServedApp, free_port, serve_gateway
 from tests.ws.helpers import (
     Slow,

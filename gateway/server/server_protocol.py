@@ -24,15 +24,18 @@ from typing import Any, ClassVar
 
 import h11
 import structlog
-from uvicorn.config import Config
-from uvicorn.protocols.http.flow_control import FlowControl
-from uvicorn.protocols.http.h11_impl import H11Protocol
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-from uvicorn.server import ServerState
 
 from gateway.api.encode import json_bytes
 from gateway.kernel.errors import ErrorCode, GatewayError, InvalidRequest
 from gateway.kernel.settings import Limits
+from gateway.server.internals import (
+    LATE_BODY,
+    Config,
+    FlowControl,
+    H11Protocol,
+    HttpToolsProtocol,
+    ServerState,
+)
 
 log = structlog.get_logger("gateway.http")
 
@@ -43,9 +46,6 @@ OPEN, HEAD, BODY, IDLE, CLOSED = "open", "head", "body", "idle", "closed"
 READ_SIZE = 256 * 1024  # the most one read of the event loop hands over
 LINGER_SECONDS = 2.0  # after a refusal: reading (and dropping) what the client still sends, so
 # that closing with unread data does not reset the connection before the client reads the answer
-# The ASGI scope key of a request whose body was late: the 408 it was answered, for its handler to
-# log (its read of the body ends as a disconnect).
-LATE_BODY = "gateway.late_body"
 
 
 def refusal(code: ErrorCode, message: str) -> InvalidRequest:

@@ -7,7 +7,7 @@ SIGTERM/SIGINT (every worker drains, as a single process does) and SIGHUP (every
 config), and exits once every worker has: 0 when all of them stopped cleanly.
 
 Workers run in their own process group, so a terminal's Ctrl-C reaches them once, through the
-parent; a worker whose parent is gone shuts itself down (gateway/cli.py).
+parent; a worker whose parent is gone shuts itself down (gateway/server/server.py).
 
 Prometheus (prometheus_client's multiprocess mode): the parent makes a fresh directory for the
 workers' metric files, names it in every worker's ``PROMETHEUS_MULTIPROC_DIR`` (set before the
