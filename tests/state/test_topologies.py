@@ -173,7 +173,7 @@ async def test_sentinel_follows_a_failover_without_a_restart() -> None:
         sentinel.close()
         deadline = time.monotonic() + 30
         # done when the old master is a replica: until then it still takes writes (and a write
-        # that lands there is lost when it resyncs: asynchronous replication, see the README)
+        # that lands there is lost when it resyncs: asynchronous replication, see docs/state.md)
         while topo.current_master() == old or not _is_master(topo.current_master()) or _is_master(old):
             assert time.monotonic() < deadline, "no failover"
             await asyncio.sleep(0.1)
