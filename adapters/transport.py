@@ -136,7 +136,7 @@ class UpstreamClient:
     (httptools' C parser, a LIFO pool, proxy, TLS, gzip, the three timeouts with one timer per
     call rather than per chunk): measured in the same runs, 0.24-0.47 of aiohttp's CPU for a small
     streamed call, 0.13-0.19 of it for a 4096-chunk stream, and 20-29% less gateway CPU per
-    WebSocket turn; README "Upstream HTTP client" has the figures.
+    WebSocket turn; docs/benchmarks.md, "The upstream HTTP client", has the figures.
     """
 
     __slots__ = ("_pool", "_tls", "connect_timeout", "max_connections", "proxy", "read_timeout", "trust_env")

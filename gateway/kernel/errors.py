@@ -53,11 +53,11 @@ from typing import Any
 
 class ErrorCode(StrEnum):
     """Every error code the gateway itself answers, with the HTTP status it answers it with (the
-    README's error-code table and the metrics' ``error_code`` label set are made from this). A
+    error-code table of docs/errors.md and the metrics' ``error_code`` label set are made from this). A
     ``GatewayError`` given one of these takes its status; a code an upstream named (a plain
     ``str``, adapters/upstream_errors.py) keeps the status of the class it is raised with.
 
-    To add a code: a member here (``NAME = "wire_string", status``), a row in the README's
+    To add a code: a member here (``NAME = "wire_string", status``), a row in docs/errors.md's
     "Error codes" table, and raise it as ``SomeError(..., code=ErrorCode.NAME)``."""
 
     status: int

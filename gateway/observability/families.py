@@ -1,4 +1,4 @@
-"""The gateway's Prometheus families (README "Metrics") and their bounded label values.
+"""The gateway's Prometheus families (docs/operations.md, "Metrics") and their bounded label values.
 
 Label values are bounded: a tenant is one the config names (else ``_other``), a model one it routes
 (pass-through models up to ``metrics.max_pass_through_models``; anything not routed is ``_other``),

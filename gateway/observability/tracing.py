@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing (README "Tracing"): the SDK behind the engine's ``Tracer`` interface
+"""OpenTelemetry tracing (docs/operations.md, "Tracing"): the SDK behind the engine's ``Tracer`` interface
 (``gateway/engine/telemetry.py``), exporting over OTLP/HTTP.
 
 Off unless configured: ``tracing.enabled``/``tracing.endpoint`` in the config, or the standard

@@ -186,8 +186,8 @@ class ProviderSettings(_Strict):
     proxy: Annotated[SecretStr | None, AfterValidator(checks.proxy_url)] = None
     # no proxy above: take HTTPS_PROXY / HTTP_PROXY / ALL_PROXY / NO_PROXY from the environment
     trust_env: bool = False
-    # text/argument deltas decoded from one upstream read go out as one event (README "Relay cost");
-    # false: one event per upstream delta
+    # text/argument deltas decoded from one upstream read go out as one event
+    # (docs/architecture.md, "The relay"); false: one event per upstream delta
     merge_deltas: bool = True
     # anthropic
     anthropic_version: str = "2023-06-01"
@@ -371,7 +371,7 @@ class LogSettings(_Strict):
 
 
 class MetricsSettings(_Strict):
-    """Where /metrics is served (README "Metrics")."""
+    """Where /metrics is served (docs/operations.md, "Metrics")."""
 
     # None: on the public listener (an admin key required when auth is on); a port: only on a
     # listener of its own there, and the public /metrics answers 404
@@ -382,7 +382,7 @@ class MetricsSettings(_Strict):
 
 
 class TracingSettings(_Strict):
-    """OpenTelemetry tracing (README "Tracing"); the standard OTEL_* variables apply as well."""
+    """OpenTelemetry tracing (docs/operations.md, "Tracing"); the standard OTEL_* variables apply as well."""
 
     # None: on when the OTEL_* environment asks for it (an OTLP endpoint, OTEL_TRACES_EXPORTER)
     enabled: bool | None = None
