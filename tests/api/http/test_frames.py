@@ -1,7 +1,7 @@
 """The stream writers (gateway/api/frames.py): the events ready in one step leave in one transport
 write, in order; backpressure still holds a sender; a gone client is reported as before. Driven
 against uvicorn's protocol objects' shape, with websockets' own parser reading the frames back;
-the gateway under uvicorn (tests/ws, tests/api/test_stream_schema.py) runs the same code end to end."""
+the gateway under uvicorn (tests/ws, tests/api/http/test_stream_schema.py) runs the same code end to end."""
 
 from __future__ import annotations
 
