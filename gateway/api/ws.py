@@ -16,8 +16,8 @@ import structlog
 from starlette.requests import Request
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from gateway.api.common import RequestLog, error_response
 from gateway.api.encode import ws_bytes, ws_text
+from gateway.api.exchange import RequestLog, error_response
 from gateway.api.frames import TERMINAL_EVENTS, FrameWriter
 from gateway.api.inflight import InFlight
 from gateway.api.lanes import Job, Lane, lane_of, tagged

@@ -59,7 +59,7 @@ class Metrics(Observer):
         self._listener: WSGIServer | None = None
         self.families = Families(self.registry, self.multiprocess)
 
-    # -- a request's end (api/common.py RequestLog) ------------------------------------------------
+    # -- a request's end (api/exchange.py RequestLog) ------------------------------------------------
     def observe(
         self,
         transport: str,
