@@ -65,7 +65,8 @@ class Route:
             object.__setattr__(self, "balancer", Balancer(self.model, pairs, _ONE))
 
     @property
-    def chooser(self) -> Balancer:
+    def deployment_balancer(self) -> Balancer:
+        """The balancer over ``deployments``: ``balancer``, or the one ``__post_init__`` made."""
         assert self.balancer is not None  # __post_init__
         return self.balancer
 
@@ -162,7 +163,7 @@ class Router:
 
     def balancers(self) -> dict[str, Balancer]:
         """The balancer of every configured model used so far, by model name (for metrics)."""
-        return {name: route.chooser for name, (_, route) in self._built.items()}
+        return {name: route.deployment_balancer for name, (_, route) in self._built.items()}
 
     def model_names(self, allowed: list[str] | None = None) -> list[str]:
         names = sorted(self.routes)

@@ -34,7 +34,7 @@ import structlog
 
 from adapters.base import UpstreamRequest
 from adapters.deltas import Delta, Finish, ItemDone, TextDelta, ToolCallArgsDelta, ToolCallStart, Usage
-from gateway.engine.balance import Attempt
+from gateway.engine.balance import Lease
 from gateway.engine.builder import ResponseBuilder
 from gateway.engine.context import Context
 from gateway.engine.routing import Deployment, Route
@@ -99,7 +99,7 @@ class UpstreamCall:
 
     target: Deployment
     request: UpstreamRequest  # as sent: the deployment's model, the span's traceparent
-    lease: Attempt
+    lease: Lease
     span: Span
     observer: Observer
     number: int  # the try's place on its route, from 0
@@ -345,7 +345,7 @@ class Turn:
         for route in (primary, *primary.fallbacks):
             if route is not primary:
                 self.observer.fallback(primary, route)
-            balancer = route.chooser
+            balancer = route.deployment_balancer
             tried: set[int] = set()
             index = balancer.pick(self.affinity)
             for number in range(route.tries):
@@ -406,7 +406,7 @@ class Turn:
         span = self.tracer.attempt(route, target, number, fallback=fallback)
         if span.recording:  # the upstream call names its span (W3C traceparent)
             request = dataclasses.replace(request, trace_headers=span.trace_headers())
-        lease = route.chooser.start(index)
+        lease = route.deployment_balancer.lease(index)
         return UpstreamCall(target, request, lease, span, self.observer, number)
 
     async def _before_retry(
