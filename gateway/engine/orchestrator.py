@@ -119,7 +119,7 @@ class Gateway:
         return sorted(names if self.auth.enabled else names | {"default"})
 
     def route(self, model: str, principal: Principal) -> Route:
-        return self.router.resolve(model, principal.models)
+        return self.router.route(model, principal.models)
 
     async def admit(self, principal: Principal, route: Route) -> Reservation | None:
         """Admit a request that is not a turn of its own (``/v1/responses/compact``): one request

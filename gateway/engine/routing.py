@@ -89,13 +89,13 @@ class Router:
         self._built: dict[str, tuple[ModelRoute, Route]] = {}
         self._passthrough: dict[str, Balancer] = {}
 
-    def resolve(self, model: str, allowed: list[str] | None = None) -> Route:
+    def route(self, model: str, allowed: list[str] | None = None) -> Route:
         """The route for ``model`` (``allowed``: the caller's model allow-list), its fallbacks
         resolved one level deep; a fallback that does not resolve, or that the allow-list does
         not name, is left out."""
         if allowed is not None and model not in allowed:
             raise ModelNotFound(model)
-        route = self._route(model)
+        route = self._without_fallbacks(model)
         cfg = self.routes.get(model)
         if cfg is None or not cfg.fallbacks:
             return route
@@ -104,12 +104,12 @@ class Router:
             if allowed is not None and name not in allowed:
                 continue
             try:
-                fallbacks.append(self._route(name))
+                fallbacks.append(self._without_fallbacks(name))
             except GatewayError:
                 continue
         return dataclasses.replace(route, fallbacks=tuple(fallbacks))
 
-    def _route(self, model: str) -> Route:
+    def _without_fallbacks(self, model: str) -> Route:
         cfg = self.routes.get(model)
         if cfg is not None:
             built = self._built.get(model)
