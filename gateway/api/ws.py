@@ -1,6 +1,6 @@
 """The WebSocket transport on /v1/responses: authenticate at the upgrade, then run one turn per
 ``response.create``, FIFO per lane (``stream_id``, gateway/api/lanes.py), lanes side by side; each
-event one JSON text frame; ``response.steer`` (gateway/api/steering.py); with the
+event one JSON text frame; ``response.steer`` (gateway/api/steer_book.py); with the
 connection-local cache, the connection age limit, disconnect cancellation and shutdown drain."""
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from gateway.api.inflight import InFlight
 from gateway.api.lanes import Lane, QueuedCreate, lane_of, tagged
 from gateway.api.live import LiveGateway
 from gateway.api.stall import StallWatch
-from gateway.api.steering import Handoff, SteerBook, Target
+from gateway.api.steer_book import Handoff, SteerBook, Target
 from gateway.engine.auth import Principal
 from gateway.engine.orchestrator import Gateway
-from gateway.engine.steer import with_steering
+from gateway.engine.steer_input import with_steering
 from gateway.engine.turn import Emit, TurnResult
 from gateway.engine.validate import create_request
 from gateway.kernel.errors import (

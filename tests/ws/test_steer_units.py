@@ -1,8 +1,8 @@
 """The engine's part of steering, in process: ``ResponseBuilder.interrupt`` (the one place a response
 ends at a safe boundary), ``Turn.stop`` (a text stream stops at once, even mid-wait on the upstream;
 a call's arguments finish first; a real cancellation is never mistaken for the stop's own), and
-the steering input rules (``gateway/engine/steer.py``), and the socket's bounded book of
-steerable responses (``gateway/api/steering.py``)."""
+the steering input rules (``gateway/engine/steer_input.py``), and the socket's bounded book of
+steerable responses (``gateway/api/steer_book.py``)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import pytest
 
 from adapters.base import UpstreamRequest
 from adapters.deltas import Delta, Finish, TextDelta, ToolCallArgsDelta, ToolCallStart, Usage
-from gateway.api.steering import SteerBook
+from gateway.api.steer_book import SteerBook
 from gateway.engine.builder import ResponseBuilder
-from gateway.engine.steer import required_input, steer_items, with_steering
+from gateway.engine.steer_input import required_input, steer_items, with_steering
 from gateway.engine.turn import Turn, TurnResult
 from gateway.kernel.errors import IllegalTransition, InvalidRequest, ServiceUnavailable
 from tests.engine.test_turn import Scripted, make_turn, route

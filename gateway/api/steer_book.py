@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from gateway.engine.steer import required_input, steer_items
+from gateway.engine.steer_input import required_input, steer_items
 from gateway.kernel.errors import GatewayError, InvalidRequest
 from gateway.kernel.ids import new_id
 
