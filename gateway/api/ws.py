@@ -23,7 +23,7 @@ from gateway.api.inflight import InFlight
 from gateway.api.lanes import Lane, QueuedCreate, lane_of, tagged
 from gateway.api.live import LiveGateway
 from gateway.api.stall import StallWatch
-from gateway.api.steer_book import Handoff, SteerBook, Target
+from gateway.api.steer_book import Handoff, SteerableResponse, SteerBook
 from gateway.engine.auth import Principal
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.steer_input import with_steering
@@ -329,7 +329,7 @@ class Connection:
                 try:
                     target = await self._turn(lane.key, lane.creates[0])
                     while target is not None:  # steered: its successor runs next, on this lane
-                        target = await self._settled(lane.key, target)
+                        target = await self._after_turn(lane.key, target)
                 except WebSocketDisconnect:
                     return
                 except Exception:
@@ -348,10 +348,10 @@ class Connection:
             if not self.lanes:
                 self._wake_supervisor()
 
-    async def _settled(self, sid: str | None, target: Target) -> Target | None:
+    async def _after_turn(self, sid: str | None, target: SteerableResponse) -> SteerableResponse | None:
         """After a turn: its queued steering's pending or failed events, or its successor's turn."""
         closing = self.phase in _ENDING or self._loop.time() >= self.deadline
-        events, handoff = self.book.settle(target, closing)
+        events, handoff = self.book.after_turn(target, closing)
         for event in events:
             await self._send(ws_text(event))
         if handoff is None:
@@ -397,7 +397,7 @@ class Connection:
     # -- one turn ------------------------------------------------------------------------------
     async def _turn(
         self, sid: str | None, create: QueuedCreate, handoff: Handoff | None = None
-    ) -> Target | None:
+    ) -> SteerableResponse | None:
         """Run one create on lane ``sid`` (a ``TurnCycle``). ``handoff``: queued steering it
         commits (an automatic successor's, or found for a client's continuation). → the
         response's steering target, or None when no response came of it. The turn holds the
@@ -465,9 +465,9 @@ class TurnCycle:
         self.handoff = handoff
         self.rlog = rlog
         self.previous: str | None = None  # the previous_response_id it continues, if any
-        self.target: Target | None = None
+        self.target: SteerableResponse | None = None
 
-    async def run(self, create: QueuedCreate) -> Target | None:
+    async def run(self, create: QueuedCreate) -> SteerableResponse | None:
         conn, gw, rlog = self.conn, self.gw, self.rlog
         rlog.fields["connection_id"] = conn.id
         if self.sid is not None:

@@ -313,7 +313,7 @@ def test_the_book_keeps_a_bounded_memory_of_finished_and_waiting_responses() -> 
         target.result = cast(
             TurnResult, SimpleNamespace(ended=True, status="completed", output=[call] if waits else [])
         )
-        assert book.settle(target, closing=False) == ([], None)
+        assert book.after_turn(target, closing=False) == ([], None)
     assert len(book.finished) == 128 and len(book.targets) == 64
 
     def code(rid: str) -> tuple[str, str | None]:
@@ -341,7 +341,7 @@ def test_steering_of_a_response_that_completes_anyway_goes_to_a_successor() -> N
     target = book.open("resp_a", "s", cast(Turn, Late()), data)
     [accepted] = book.submit({"type": "response.steer", "previous_response_id": "resp_a", "input": "more"})
     target.result = cast(TurnResult, SimpleNamespace(ended=True, status="completed", output=[]))
-    events, handoff = book.settle(target, closing=False)
+    events, handoff = book.after_turn(target, closing=False)
     assert events == [] and handoff is not None and handoff.automatic
     assert handoff.successor() == {
         "model": "m",
@@ -355,6 +355,6 @@ def test_steering_of_a_response_that_completes_anyway_goes_to_a_successor() -> N
     other = book.open("resp_b", None, cast(Turn, Late()), data)
     book.submit({"type": "response.steer", "previous_response_id": "resp_b", "input": "more"})
     other.result = cast(TurnResult, SimpleNamespace(ended=True, status="completed", output=[]))
-    [failed], none = book.settle(other, closing=True)
+    [failed], none = book.after_turn(other, closing=True)
     assert none is None and failed["error"]["code"] == "successor_creation_failed"
     assert failed["steer"]["input"] == "more" and accepted["steer"]["id"] != failed["steer"]["id"]
