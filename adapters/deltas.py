@@ -116,7 +116,8 @@ Delta = (
 )
 
 
-def stepped(got: list[Delta] | str) -> list[Delta]:
-    """A stream translator's ``step`` result as ``feed`` gives it: a plain-text chunk's text (what
-    ``step`` returns alone, for the stream loop to join) as its one ``TextDelta``."""
+def as_deltas(got: list[Delta] | str) -> list[Delta]:
+    """A stream translator's ``deltas_or_text`` result as ``feed`` gives it: a plain-text chunk's
+    text (what ``deltas_or_text`` returns alone, for the stream loop to join) as its one
+    ``TextDelta``."""
     return [TextDelta(got)] if isinstance(got, str) else got

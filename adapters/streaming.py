@@ -55,7 +55,7 @@ class StreamTranslator(Protocol):
 
     def feed(self, chunk: dict[str, Any], /) -> list[Delta]: ...
 
-    def step(self, chunk: dict[str, Any], /) -> list[Delta] | str:
+    def deltas_or_text(self, chunk: dict[str, Any], /) -> list[Delta] | str:
         """What :meth:`feed` does, but a chunk of the translator's plain-text shape gives its text
         alone (for ``feed``, ``[TextDelta(text)]``). The shape is such that the same chunk with
         other text would give that text and leave the translator as this one did (the stream
@@ -76,9 +76,9 @@ class HTTPStreamAdapter(Generic[T]):
 
     ``client`` lets a caller share or inject an :class:`UpstreamClient`; by default the adapter owns
     one pooled client (closed by :meth:`aclose`). A subclass sets ``path`` (or overrides
-    :meth:`url`) and implements :meth:`body`, :meth:`translator` and :meth:`whole`; ``body()``
-    and ``url()`` ask for an unstreamed reply when ``request.stream`` is False. The class flags and
-    the remaining hooks cover what only some providers do.
+    :meth:`url`) and implements :meth:`body`, :meth:`translator` and :meth:`unstreamed_deltas`;
+    ``body()`` and ``url()`` ask for an unstreamed reply when ``request.stream`` is False. The
+    class flags and the remaining hooks cover what only some providers do.
     """
 
     path: ClassVar[str] = ""  # appended to the base URL
@@ -109,7 +109,7 @@ class HTTPStreamAdapter(Generic[T]):
     def translator(self) -> T:
         raise NotImplementedError
 
-    def whole(self, translator: T, body: Any) -> Iterable[Delta]:
+    def unstreamed_deltas(self, translator: T, body: Any) -> Iterable[Delta]:
         """All deltas (the final ones too) of a 200 JSON body: the answer to an unstreamed request,
         or a server that ignored ``stream``."""
         raise NotImplementedError
@@ -144,7 +144,7 @@ class HTTPStreamAdapter(Generic[T]):
                 if upstream.headers.get("content-type", "").startswith("application/json"):
                     body = await upstream.read_json()
                     call.body_id(body.get(_BODY_ID) if isinstance(body, dict) else None)
-                    for delta in self.whole(translator, body):
+                    for delta in self.unstreamed_deltas(translator, body):
                         yield delta
                     return
                 reader = EventReader(
@@ -288,7 +288,7 @@ class EventReader:
                 typed = names is None or "type" in parsed
                 if not typed and names[index]:  # type: ignore[index]
                     parsed["type"] = names[index]  # type: ignore[index]
-                got = translator.step(parsed)
+                got = translator.deltas_or_text(parsed)
                 # The shape to read the next chunks by is this chunk's, or none: a chunk read by
                 # it does to the translator what the chunk it was learnt from did, so that must
                 # be the last chunk fed (a Gemini chunk's usage is in its shape).
@@ -326,8 +326,8 @@ class EventReader:
         ``"text"`` in it is that string (were it also elsewhere, no shape is learnt). Anything
         else there that is a JSON string's inside (``orjson.loads('"' + it + '"')`` takes it)
         gives the same JSON but for that string, and so the same chunk but for its text: as the
-        translator's ``step`` defines its plain-text shape, that text (when not empty) with the
-        same effect on the translator."""
+        translator's ``deltas_or_text`` defines its plain-text shape, that text (when not empty)
+        with the same effect on the translator."""
         self._prefix = None
         shape = self._shape
         if not self._learn_left and not (data.startswith(shape[0]) and data.endswith(shape[1])):

@@ -21,7 +21,7 @@ from compact.opener import Opener
 from compact.seal import Sealer
 from compact.truncation import fit_context
 from gateway.api import admin, compact, http, ops, stored, usage
-from gateway.api.common import error_response
+from gateway.api.exchange import error_response
 from gateway.api.inflight import InFlight
 from gateway.api.live import LiveGateway, holding
 from gateway.api.reload import Reloader

@@ -32,5 +32,5 @@ class AnthropicAdapter(HTTPStreamAdapter[MessagesStreamTranslator]):
     def translator(self) -> MessagesStreamTranslator:
         return MessagesStreamTranslator()
 
-    def whole(self, translator: MessagesStreamTranslator, body: Any) -> Iterable[Delta]:
-        return translator.whole(json_object(body))
+    def unstreamed_deltas(self, translator: MessagesStreamTranslator, body: Any) -> Iterable[Delta]:
+        return translator.unstreamed_deltas(json_object(body))

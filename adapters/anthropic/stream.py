@@ -25,7 +25,7 @@ from adapters.deltas import (
     ToolCallArgsDelta,
     ToolCallStart,
     Usage,
-    stepped,
+    as_deltas,
 )
 from adapters.upstream_errors import error_code_from_body, map_stream_error
 from gateway.kernel.errors import UpstreamError
@@ -66,9 +66,9 @@ class MessagesStreamTranslator:
 
     def feed(self, event: Mapping[str, Any]) -> list[Delta]:
         """The deltas of one event. Raises ``UpstreamError`` for an ``error`` event."""
-        return stepped(self.step(event))
+        return as_deltas(self.deltas_or_text(event))
 
-    def step(self, event: Mapping[str, Any]) -> list[Delta] | str:
+    def deltas_or_text(self, event: Mapping[str, Any]) -> list[Delta] | str:
         """:meth:`feed`, but the text alone for a text delta (``adapters.streaming``)."""
         kind = event.get("type")
         if kind == "content_block_delta":
@@ -97,7 +97,7 @@ class MessagesStreamTranslator:
             raise stream_error(event.get("error"))
         return []  # ping, unknown future events
 
-    def whole(self, message: Mapping[str, Any]) -> list[Delta]:
+    def unstreamed_deltas(self, message: Mapping[str, Any]) -> list[Delta]:
         """All deltas of an unstreamed Messages response: its blocks replayed as the events a
         stream would have carried (complete blocks, as ``content_block_start`` allows)."""
         if message.get("type") == "error":

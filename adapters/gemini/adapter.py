@@ -32,7 +32,7 @@ class GeminiAdapter(HTTPStreamAdapter[GeminiStreamTranslator]):
     def translator(self) -> GeminiStreamTranslator:
         return GeminiStreamTranslator()
 
-    def whole(self, translator: GeminiStreamTranslator, body: Any) -> Iterator[Delta]:
+    def unstreamed_deltas(self, translator: GeminiStreamTranslator, body: Any) -> Iterator[Delta]:
         # Without alt=sse (some proxies) the stream is one JSON array of chunks.
         for chunk in body if isinstance(body, list) else [body]:
             if isinstance(chunk, dict):

@@ -24,7 +24,7 @@ from adapters.deltas import (
     ToolCallArgsDelta,
     ToolCallStart,
     Usage,
-    stepped,
+    as_deltas,
 )
 from adapters.upstream_errors import error_code_from_body, map_stream_error
 from gateway.kernel.errors import ErrorCode, UpstreamError
@@ -60,9 +60,9 @@ class GeminiStreamTranslator:
 
     def feed(self, chunk: Mapping[str, Any]) -> list[Delta]:
         """The deltas of one chunk. Raises ``UpstreamError`` for an in-stream error object."""
-        return stepped(self.step(chunk))
+        return as_deltas(self.deltas_or_text(chunk))
 
-    def step(self, chunk: Mapping[str, Any]) -> list[Delta] | str:
+    def deltas_or_text(self, chunk: Mapping[str, Any]) -> list[Delta] | str:
         """:meth:`feed`, but the text alone for a plain-text chunk (``adapters.streaming``): one
         candidate whose one part is ``{"text": ...}`` alone, without a finish reason or logprobs
         (its usage, the same in the next such chunk, is taken as :meth:`feed` takes it)."""

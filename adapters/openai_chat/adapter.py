@@ -31,7 +31,7 @@ class OpenAIChatAdapter(HTTPStreamAdapter[ChatStreamTranslator]):
     def translator(self) -> ChatStreamTranslator:
         return ChatStreamTranslator()
 
-    def whole(self, translator: ChatStreamTranslator, body: Any) -> Iterable[Delta]:
+    def unstreamed_deltas(self, translator: ChatStreamTranslator, body: Any) -> Iterable[Delta]:
         return translator.feed(json_object(body)) + translator.end(done=True)
 
     def finish(self, translator: ChatStreamTranslator, ended: bool) -> list[Delta]:

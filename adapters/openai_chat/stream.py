@@ -20,7 +20,7 @@ from adapters.deltas import (
     ToolCallArgsDelta,
     ToolCallStart,
     Usage,
-    stepped,
+    as_deltas,
 )
 from adapters.upstream_errors import error_code_from_body
 from gateway.kernel.errors import UpstreamError
@@ -67,9 +67,9 @@ class ChatStreamTranslator:
 
     def feed(self, chunk: dict[str, Any]) -> list[Delta]:
         """The deltas in one chunk. Raises ``UpstreamError`` for an in-stream error chunk."""
-        return stepped(self.step(chunk))
+        return as_deltas(self.deltas_or_text(chunk))
 
-    def step(self, chunk: dict[str, Any]) -> list[Delta] | str:
+    def deltas_or_text(self, chunk: dict[str, Any]) -> list[Delta] | str:
         """:meth:`feed`, but the text alone for a plain-text chunk (``adapters.streaming``)."""
         choices = chunk.get("choices")
         # The per-token hot path, one upstream chunk per delta: one choice 0 whose delta is

@@ -32,5 +32,5 @@ class OpenAIResponsesAdapter(HTTPStreamAdapter[ResponsesStreamTranslator]):
     def translator(self) -> ResponsesStreamTranslator:
         return ResponsesStreamTranslator()
 
-    def whole(self, translator: ResponsesStreamTranslator, body: Any) -> Iterable[Delta]:
-        return translator.whole(json_object(body))
+    def unstreamed_deltas(self, translator: ResponsesStreamTranslator, body: Any) -> Iterable[Delta]:
+        return translator.unstreamed_deltas(json_object(body))

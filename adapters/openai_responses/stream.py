@@ -23,7 +23,7 @@ from adapters.deltas import (
     ToolCallArgsDelta,
     ToolCallStart,
     Usage,
-    stepped,
+    as_deltas,
 )
 from adapters.openai_responses.request import wrap_encrypted
 from adapters.upstream_errors import error_code_from_body, map_stream_error
@@ -62,9 +62,9 @@ class ResponsesStreamTranslator:
 
     def feed(self, event: Mapping[str, Any]) -> list[Delta]:
         """The deltas of one event. Raises ``UpstreamError`` for ``error`` / ``response.failed``."""
-        return stepped(self.step(event))
+        return as_deltas(self.deltas_or_text(event))
 
-    def step(self, event: Mapping[str, Any]) -> list[Delta] | str:
+    def deltas_or_text(self, event: Mapping[str, Any]) -> list[Delta] | str:
         """:meth:`feed`, but the text alone for a text delta without logprobs
         (``adapters.streaming``)."""
         kind = event.get("type")
@@ -106,7 +106,7 @@ class ResponsesStreamTranslator:
             raise stream_error(event.get("error") if isinstance(event.get("error"), Mapping) else event)
         return []  # created, in_progress, part added/done, *.done echoes, annotations...
 
-    def whole(self, response: Mapping[str, Any]) -> list[Delta]:
+    def unstreamed_deltas(self, response: Mapping[str, Any]) -> list[Delta]:
         """The deltas of a complete, non-streamed response object (a server that ignored ``stream``)."""
         if response.get("status") == "failed" or response.get("error"):
             raise stream_error(response.get("error"))

@@ -6,8 +6,8 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.api.common import RequestLog, error_response, json_response
 from gateway.api.encode import json_bytes
+from gateway.api.exchange import RequestLog, error_response, json_response
 from gateway.api.reload import Reloader
 from gateway.engine.auth import Admin, Authenticator
 from gateway.engine.orchestrator import Gateway

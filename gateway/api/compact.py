@@ -6,8 +6,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from compact.service import Compactor
-from gateway.api.common import RequestLog, error_response, rate_limit_headers, read_request
 from gateway.api.encode import json_bytes
+from gateway.api.exchange import RequestLog, error_response, rate_limit_headers, read_request
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.validate import compact_request
 from gateway.kernel.errors import GatewayError

@@ -13,9 +13,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
-from gateway.api.common import RequestLog, error_response, rate_limit_headers, read_request
 from gateway.api.disconnect import DisconnectWatch
 from gateway.api.encode import SSE_DONE, json_bytes, sse_frame
+from gateway.api.exchange import RequestLog, error_response, rate_limit_headers, read_request
 from gateway.api.frames import BodyWriter
 from gateway.api.inflight import InFlight
 from gateway.api.stall import StallWatch

@@ -10,18 +10,20 @@ from typing import Any
 
 from gateway.kernel.errors import ErrorCode, GatewayError, InvalidRequest
 
-Job = dict[str, Any] | GatewayError  # a decoded frame, or the error a bad frame already earned
+QueuedCreate = (
+    dict[str, Any] | GatewayError
+)  # a decoded response.create frame, or the error a bad frame already earned
 MAX_STREAM_ID = 256
 
 
 class Lane:
-    """One lane's admitted jobs (the head is the one running) and the task running them."""
+    """One lane's admitted creates (the head is the one running) and the task running them."""
 
-    __slots__ = ("jobs", "key", "task")
+    __slots__ = ("creates", "key", "task")
 
     def __init__(self, key: str | None) -> None:
         self.key = key
-        self.jobs: deque[Job] = deque()
+        self.creates: deque[QueuedCreate] = deque()
         self.task: asyncio.Task[None] | None = None
 
 

@@ -8,7 +8,7 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.api.common import error_response, json_response
+from gateway.api.exchange import error_response, json_response
 from gateway.engine.auth import Admin
 from gateway.engine.orchestrator import Gateway
 from gateway.kernel.errors import GatewayError, NotFound, PermissionDenied

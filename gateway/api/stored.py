@@ -16,7 +16,7 @@ import structlog
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.api.common import error_response, json_response
+from gateway.api.exchange import error_response, json_response
 from gateway.engine.auth import Principal
 from gateway.engine.orchestrator import Gateway
 from gateway.kernel.errors import ErrorCode, GatewayError, InvalidRequest, NotFound

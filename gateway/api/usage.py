@@ -11,7 +11,7 @@ from datetime import date, timedelta
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.api.common import error_response, json_response
+from gateway.api.exchange import error_response, json_response
 from gateway.engine.auth import Admin
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.usage import GROUPS, utc_day

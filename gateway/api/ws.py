@@ -1,6 +1,6 @@
 """The WebSocket transport on /v1/responses: authenticate at the upgrade, then run one turn per
 ``response.create``, FIFO per lane (``stream_id``, gateway/api/lanes.py), lanes side by side; each
-event one JSON text frame; ``response.steer`` (gateway/api/steering.py); with the
+event one JSON text frame; ``response.steer`` (gateway/api/steer_book.py); with the
 connection-local cache, the connection age limit, disconnect cancellation and shutdown drain."""
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ import structlog
 from starlette.requests import Request
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from gateway.api.common import RequestLog, error_response
 from gateway.api.encode import ws_bytes, ws_text
+from gateway.api.exchange import RequestLog, error_response
 from gateway.api.frames import TERMINAL_EVENTS, FrameWriter
 from gateway.api.inflight import InFlight
-from gateway.api.lanes import Job, Lane, lane_of, tagged
+from gateway.api.lanes import Lane, QueuedCreate, lane_of, tagged
 from gateway.api.live import LiveGateway
 from gateway.api.stall import StallWatch
-from gateway.api.steering import Handoff, SteerBook, Target
+from gateway.api.steer_book import Handoff, SteerableResponse, SteerBook
 from gateway.engine.auth import Principal
 from gateway.engine.orchestrator import Gateway
-from gateway.engine.steer import with_steering
+from gateway.engine.steer_input import with_steering
 from gateway.engine.turn import Emit, TurnResult
 from gateway.engine.validate import create_request
 from gateway.kernel.errors import (
@@ -168,7 +168,7 @@ class Connection:
         self.id = new_id("ws")
         self.cache = ConnectionCache(limits.ws_cache_entries)
         self.book = SteerBook(limits.ws_max_pending_steers, limits.max_input_elements)
-        self.lanes: dict[str | None, Lane] = {}  # lanes with admitted jobs
+        self.lanes: dict[str | None, Lane] = {}  # lanes with admitted creates
         self.max_lanes = limits.ws_max_lanes
         self.queue_size = limits.ws_queue_size
         self.pending = 0  # admitted creates not yet finished, all lanes (queued + in flight)
@@ -180,7 +180,7 @@ class Connection:
         self.limit_minutes = limits.ws_connection_seconds / 60
         self.phase = _OPEN
         self._wake: asyncio.Future[None] | None = None  # the supervisor waits: drain, or lanes idle
-        self._worker: asyncio.Task[None] | None = None  # the supervisor
+        self._supervisor: asyncio.Task[None] | None = None  # the supervisor
         self._tasks: set[asyncio.Task[None]] = set()  # the lanes' tasks
         self.since = 0.0  # a send in progress since (gateway/api/stall.py)
         self.affinity: str | None = None  # keeps the connection's turns on one deployment
@@ -189,7 +189,7 @@ class Connection:
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def serve(self) -> None:
-        worker = self._worker = asyncio.create_task(self._work())
+        supervisor = self._supervisor = asyncio.create_task(self._supervise())
         try:
             await self._read()  # until the client goes, or the supervisor has closed the socket
         finally:
@@ -198,16 +198,16 @@ class Connection:
                 # Cancelling a lane cancels its turn, whose event generator closes the adapter
                 # stream (and with it the upstream request) on the way out.
                 self._cancel()
-            await asyncio.gather(worker, *self._tasks, return_exceptions=True)
+            await asyncio.gather(supervisor, *self._tasks, return_exceptions=True)
             self.cache.clear()
 
     def _cancel(self) -> None:
         for task in self._tasks:
             task.cancel()
-        if self._worker is not None:
-            self._worker.cancel()
+        if self._supervisor is not None:
+            self._supervisor.cancel()
 
-    def _poke(self) -> None:
+    def _wake_supervisor(self) -> None:
         if self._wake is not None and not self._wake.done():
             self._wake.set_result(None)
 
@@ -218,7 +218,7 @@ class Connection:
     def begin_drain(self) -> None:
         """Shutdown: finish the turns in flight (if any), start no other, then close with 1001."""
         self._drain()
-        self._poke()
+        self._wake_supervisor()
 
     def abort(self) -> None:
         self._drain()
@@ -256,29 +256,29 @@ class Connection:
             if message["type"] == "websocket.disconnect":
                 return
             text: str | None = message.get("text")
-            job: Job
+            frame: QueuedCreate
             if text is None:
-                job = InvalidRequest(
+                frame = InvalidRequest(
                     "Binary frames are not accepted; send each message as a JSON text frame.",
                     code=ErrorCode.UNSUPPORTED_FRAME_TYPE,
                 )
             elif len(text) > limit // 4 and len(text.encode()) > limit:
-                job = PayloadTooLarge(f"The message exceeds the limit of {limit} bytes.")
+                frame = PayloadTooLarge(f"The message exceeds the limit of {limit} bytes.")
             else:
-                job = _decode(text)
+                frame = _decode(text)
             key: str | None = None
-            if isinstance(job, dict):
-                if job.get("type") == "response.steer":
-                    await self._steer(job)
+            if isinstance(frame, dict):
+                if frame.get("type") == "response.steer":
+                    await self._steer(frame)
                     continue
                 try:
-                    key = lane_of(job)
+                    key = lane_of(frame)
                 except InvalidRequest as err:
-                    job = err
-            await self._admit(key, job)
+                    frame = err
+            await self._admit(key, frame)
 
-    async def _admit(self, key: str | None, job: Job) -> None:
-        """Queue ``job`` on lane ``key``, or answer the envelope of a full queue or lane table."""
+    async def _admit(self, key: str | None, create: QueuedCreate) -> None:
+        """Queue ``create`` on lane ``key``, or answer the envelope of a full queue or lane table."""
         if self.phase is not _OPEN:
             return  # the socket is closing: nothing more starts
         lane = self.lanes.get(key)
@@ -302,7 +302,7 @@ class Connection:
         if lane is None:
             lane = self.lanes[key] = Lane(key)
         self.pending += 1
-        lane.jobs.append(job)
+        lane.creates.append(create)
         if lane.task is None:
             lane.task = asyncio.create_task(self._lane(lane))
             self._tasks.add(lane.task)
@@ -322,14 +322,14 @@ class Connection:
 
     # -- the lanes -----------------------------------------------------------------------------
     async def _lane(self, lane: Lane) -> None:
-        """Run the lane's jobs in order; the lane ends when it has none left (or nothing may start)."""
+        """Run the lane's creates in order; the lane ends when it has none left (or nothing may start)."""
         loop = self._loop
         try:
-            while lane.jobs and self.phase not in _ENDING and loop.time() < self.deadline:
+            while lane.creates and self.phase not in _ENDING and loop.time() < self.deadline:
                 try:
-                    target = await self._turn(lane.key, lane.jobs[0])
+                    target = await self._turn(lane.key, lane.creates[0])
                     while target is not None:  # steered: its successor runs next, on this lane
-                        target = await self._settled(lane.key, target)
+                        target = await self._after_turn(lane.key, target)
                 except WebSocketDisconnect:
                     return
                 except Exception:
@@ -337,21 +337,21 @@ class Connection:
                     with contextlib.suppress(Exception):
                         await self._send(ws_text(tagged(self._crashed().ws_envelope(), lane.key)))
                 finally:
-                    lane.jobs.popleft()
+                    lane.creates.popleft()
                     self.pending -= 1
         finally:
             # No await before this: the reader must not queue on a lane whose task has ended.
-            self.pending -= len(lane.jobs)  # never run: the socket is closing
-            lane.jobs.clear()
+            self.pending -= len(lane.creates)  # never run: the socket is closing
+            lane.creates.clear()
             if self.lanes.get(lane.key) is lane:
                 del self.lanes[lane.key]
             if not self.lanes:
-                self._poke()
+                self._wake_supervisor()
 
-    async def _settled(self, sid: str | None, target: Target) -> Target | None:
+    async def _after_turn(self, sid: str | None, target: SteerableResponse) -> SteerableResponse | None:
         """After a turn: its queued steering's pending or failed events, or its successor's turn."""
         closing = self.phase in _ENDING or self._loop.time() >= self.deadline
-        events, handoff = self.book.settle(target, closing)
+        events, handoff = self.book.after_turn(target, closing)
         for event in events:
             await self._send(ws_text(event))
         if handoff is None:
@@ -359,7 +359,7 @@ class Connection:
         return await self._turn(sid, handoff.successor(), handoff)
 
     # -- the supervisor ------------------------------------------------------------------------
-    async def _work(self) -> None:
+    async def _supervise(self) -> None:
         loop = asyncio.get_running_loop()
         code = CLOSE_GOING_AWAY
         try:
@@ -395,7 +395,9 @@ class Connection:
         await self._close(CLOSE_NORMAL, "connection limit reached")
 
     # -- one turn ------------------------------------------------------------------------------
-    async def _turn(self, sid: str | None, job: Job, handoff: Handoff | None = None) -> Target | None:
+    async def _turn(
+        self, sid: str | None, create: QueuedCreate, handoff: Handoff | None = None
+    ) -> SteerableResponse | None:
         """Run one create on lane ``sid`` (a ``TurnCycle``). ``handoff``: queued steering it
         commits (an automatic successor's, or found for a client's continuation). → the
         response's steering target, or None when no response came of it. The turn holds the
@@ -405,7 +407,7 @@ class Connection:
             rlog = RequestLog(cast(Request, self.ws), "websocket", new_id("req"))
             # the turn's span, the child of the upgrade's traceparent
             with rlog.traced(gw.tracer, "websocket response.create", self.ws.headers, _SPAN_ATTRS):
-                return await TurnCycle(self, gw, sid, handoff, rlog).run(job)
+                return await TurnCycle(self, gw, sid, handoff, rlog).run(create)
 
     def principal_on(self, gw: Gateway) -> Principal:
         """The caller as ``gw`` (the gateway the turn holds) knows it: after a reload, the key must
@@ -463,9 +465,9 @@ class TurnCycle:
         self.handoff = handoff
         self.rlog = rlog
         self.previous: str | None = None  # the previous_response_id it continues, if any
-        self.target: Target | None = None
+        self.target: SteerableResponse | None = None
 
-    async def run(self, job: Job) -> Target | None:
+    async def run(self, create: QueuedCreate) -> SteerableResponse | None:
         conn, gw, rlog = self.conn, self.gw, self.rlog
         rlog.fields["connection_id"] = conn.id
         if self.sid is not None:
@@ -475,9 +477,9 @@ class TurnCycle:
         try:
             principal = conn.principal_on(gw)  # this turn's: lanes may hold different gateways at once
             rlog.fields["tenant"] = principal.tenant
-            if isinstance(job, GatewayError):
-                raise job
-            data = _fields(job)
+            if isinstance(create, GatewayError):
+                raise create
+            data = _fields(create)
             prev = data.get("previous_response_id")
             self.previous = prev if isinstance(prev, str) else None
             if self.handoff is None and self.previous is not None:
@@ -549,7 +551,7 @@ class TurnCycle:
         self.rlog.turn_ended(self.conn.metrics, result)
 
 
-def _decode(text: str) -> Job:
+def _decode(text: str) -> QueuedCreate:
     """A client frame → its JSON object, or the error it earns."""
     try:
         data = orjson.loads(text)

@@ -175,8 +175,8 @@ class Balancer:
         return s.failures < self.policy.eject_after or (now >= s.ejected_until and not s.probing)
 
     # -- reporting ------------------------------------------------------------------------------
-    def start(self, index: int) -> Attempt:
-        """A try on deployment ``index`` begins (it counts as in flight until ``Attempt.end``)."""
+    def lease(self, index: int) -> Lease:
+        """A try on deployment ``index`` begins (it counts as in flight until ``Lease.end``)."""
         s = self.states[index]
         s.in_flight += 1
         now = self._clock()
@@ -184,7 +184,7 @@ class Balancer:
         probe = s.failures >= self.policy.eject_after and now >= s.ejected_until
         if probe:
             s.probing = True
-        return Attempt(self, s, now, probe)
+        return Lease(self, s, now, probe)
 
     def healthy(self, index: int) -> bool:
         return self._ready(self.states[index], self._clock())
@@ -205,8 +205,9 @@ class Balancer:
         ]
 
 
-class Attempt:
-    """One try on one deployment: ``opened`` (its first delta came), or ``failed``; then ``end``."""
+class Lease:
+    """The balancer's lease of one deployment for one try (``Balancer.lease``): ``opened`` (its
+    first delta came), or ``failed``; then ``end``."""
 
     __slots__ = ("_balancer", "_done", "_probe", "_start", "_state")
 

@@ -30,7 +30,7 @@ with 503. The outage is logged once when it starts and once when it ends, and co
 
 An admission's figures (``_standing``: per dimension, the limit with the least left) travel as a
 ``RateStanding``, on the ``Reservation`` and on a refusal; the transport writes them as the
-``x-ratelimit-*`` headers (``gateway/api/common.py`` ``rate_limit_headers``).
+``x-ratelimit-*`` headers (``gateway/api/exchange.py`` ``rate_limit_headers``).
 """
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ class Gateway:
         return sorted(names if self.auth.enabled else names | {"default"})
 
     def route(self, model: str, principal: Principal) -> Route:
-        return self.router.resolve(model, principal.models)
+        return self.router.route(model, principal.models)
 
     async def admit(self, principal: Principal, route: Route) -> Reservation | None:
         """Admit a request that is not a turn of its own (``/v1/responses/compact``): one request
@@ -272,7 +272,7 @@ class Gateway:
         (its affinity key's deployment, gateway/engine/balance.py), so the chain's later turns
         follow it there through their root's id."""
         if body.previous_response_id is None:
-            return route.chooser.claim(body.prompt_cache_key or affinity or ctx.root, response_id)
+            return route.deployment_balancer.claim(body.prompt_cache_key or affinity or ctx.root, response_id)
         return response_id()
 
     def _turn(

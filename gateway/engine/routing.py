@@ -65,7 +65,8 @@ class Route:
             object.__setattr__(self, "balancer", Balancer(self.model, pairs, _ONE))
 
     @property
-    def chooser(self) -> Balancer:
+    def deployment_balancer(self) -> Balancer:
+        """The balancer over ``deployments``: ``balancer``, or the one ``__post_init__`` made."""
         assert self.balancer is not None  # __post_init__
         return self.balancer
 
@@ -88,13 +89,13 @@ class Router:
         self._built: dict[str, tuple[ModelRoute, Route]] = {}
         self._passthrough: dict[str, Balancer] = {}
 
-    def resolve(self, model: str, allowed: list[str] | None = None) -> Route:
+    def route(self, model: str, allowed: list[str] | None = None) -> Route:
         """The route for ``model`` (``allowed``: the caller's model allow-list), its fallbacks
         resolved one level deep; a fallback that does not resolve, or that the allow-list does
         not name, is left out."""
         if allowed is not None and model not in allowed:
             raise ModelNotFound(model)
-        route = self._route(model)
+        route = self._without_fallbacks(model)
         cfg = self.routes.get(model)
         if cfg is None or not cfg.fallbacks:
             return route
@@ -103,12 +104,12 @@ class Router:
             if allowed is not None and name not in allowed:
                 continue
             try:
-                fallbacks.append(self._route(name))
+                fallbacks.append(self._without_fallbacks(name))
             except GatewayError:
                 continue
         return dataclasses.replace(route, fallbacks=tuple(fallbacks))
 
-    def _route(self, model: str) -> Route:
+    def _without_fallbacks(self, model: str) -> Route:
         cfg = self.routes.get(model)
         if cfg is not None:
             built = self._built.get(model)
@@ -162,7 +163,7 @@ class Router:
 
     def balancers(self) -> dict[str, Balancer]:
         """The balancer of every configured model used so far, by model name (for metrics)."""
-        return {name: route.chooser for name, (_, route) in self._built.items()}
+        return {name: route.deployment_balancer for name, (_, route) in self._built.items()}
 
     def model_names(self, allowed: list[str] | None = None) -> list[str]:
         names = sorted(self.routes)

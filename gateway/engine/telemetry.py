@@ -51,19 +51,19 @@ def upstream_outcome(exc: BaseException | None) -> str:
 class Observer:
     """The engine's metrics sink (a no-op; ``gateway.observability.observer.Metrics`` is the real one)."""
 
-    def upstream_attempt(self, target: Deployment, outcome: str, seconds: float) -> None:
+    def upstream_attempt(self, deployment: Deployment, outcome: str, seconds: float) -> None:
         """One upstream attempt ended (``outcome``: see ``upstream_outcome``)."""
 
-    def upstream_retry(self, target: Deployment) -> None:
-        """A try on ``target`` failed retryably and the route tries again (the same deployment or
+    def upstream_retry(self, deployment: Deployment) -> None:
+        """A try on ``deployment`` failed retryably and the route tries again (the same deployment or
         another)."""
 
     def fallback(self, primary: Route, fallback: Route) -> None:
         """The turn moved on to a fallback route."""
 
-    def first_token(self, primary: Route, target: Deployment, seconds: float) -> None:
+    def first_token(self, primary: Route, deployment: Deployment, seconds: float) -> None:
         """A streamed turn's first delta arrived ``seconds`` after the turn began opening
-        (``primary``: the model asked for; ``target``: the deployment that answered, maybe a
+        (``primary``: the model asked for; ``deployment``: the one that answered, maybe a
         fallback's)."""
 
     def store_op(self, op: str, seconds: float, failed: bool) -> None:
@@ -132,9 +132,9 @@ class Tracer:
         """A span under the current one (``client``: an outgoing call)."""
         return NOOP_SPAN
 
-    def attempt(self, route: Route, target: Deployment, attempt: int, *, fallback: bool) -> Span:
-        """An upstream attempt's client span under the current one, with its GenAI attributes
-        (``attempt``: 0 for the first try on ``route``; ``fallback``: ``route`` is a fallback's)."""
+    def call_span(self, route: Route, deployment: Deployment, number: int, *, fallback: bool) -> Span:
+        """An upstream call's client span under the current one, with its GenAI attributes
+        (``number``: 0 for the first try on ``route``; ``fallback``: ``route`` is a fallback's)."""
         return NOOP_SPAN
 
 

@@ -34,7 +34,7 @@ import structlog
 
 from adapters.base import UpstreamRequest
 from adapters.deltas import Delta, Finish, ItemDone, TextDelta, ToolCallArgsDelta, ToolCallStart, Usage
-from gateway.engine.balance import Attempt
+from gateway.engine.balance import Lease
 from gateway.engine.builder import ResponseBuilder
 from gateway.engine.context import Context
 from gateway.engine.routing import Deployment, Route
@@ -97,9 +97,9 @@ class UpstreamCall:
     of it (``lease``, balance.py), its ``upstream_attempt`` sample and its span, each closed once,
     by ``close`` (or ``failed``, for a try that failed before its first delta)."""
 
-    target: Deployment
+    deployment: Deployment
     request: UpstreamRequest  # as sent: the deployment's model, the span's traceparent
-    lease: Attempt
+    lease: Lease
     span: Span
     observer: Observer
     number: int  # the try's place on its route, from 0
@@ -113,7 +113,7 @@ class UpstreamCall:
             return
         self.closed = True
         self.lease.end()
-        self.observer.upstream_attempt(self.target, outcome, time.perf_counter() - self.start)
+        self.observer.upstream_attempt(self.deployment, outcome, time.perf_counter() - self.start)
         if outcome != "ok":
             self.span.fail(failure)
         self.span.end()
@@ -122,12 +122,12 @@ class UpstreamCall:
         """The try failed before its first delta: the balancer hears of it, then it closes."""
         self.lease.failed(exc)
         self.close(upstream_outcome(exc), exc.code)
-        target = self.target
+        deployment = self.deployment
         log.warning(
             "upstream_failed",
             request_id=request_id,
-            provider=target.provider,
-            deployment=target.name,
+            provider=deployment.provider,
+            deployment=deployment.name,
             attempt=self.number + 1,
             code=exc.code,
             upstream_status=exc.upstream_status,
@@ -345,12 +345,12 @@ class Turn:
         for route in (primary, *primary.fallbacks):
             if route is not primary:
                 self.observer.fallback(primary, route)
-            balancer = route.chooser
+            balancer = route.deployment_balancer
             tried: set[int] = set()
             index = balancer.pick(self.affinity)
             for number in range(route.tries):
                 call = self._try(route, index, number, route is not primary)
-                stream = call.target.adapter.stream(call.request)
+                stream = call.deployment.adapter.stream(call.request)
                 try:
                     self._first = await anext(stream)
                 except StopAsyncIteration:
@@ -373,7 +373,7 @@ class Turn:
                 call.lease.opened()
                 self._stream, self._call = stream, call
                 if call.request.stream:
-                    self.observer.first_token(primary, call.target, time.perf_counter() - began)
+                    self.observer.first_token(primary, call.deployment, time.perf_counter() - began)
                 if route is not primary:
                     log.info(
                         "fallback_used",
@@ -394,20 +394,20 @@ class Turn:
     def _try(self, route: Route, index: int, number: int, fallback: bool) -> UpstreamCall:
         """Start try ``number`` on the route's deployment ``index``: the request as that deployment
         takes it, the log lines' deployment field, the span, and the balancer's record."""
-        target = route.deployments[index]
+        deployment = route.deployments[index]
         request = self.request
-        if request.model != target.upstream_model:
-            request = dataclasses.replace(request, model=target.upstream_model)
-        self.result.provider, self.result.deployment = target.provider, target.name
+        if request.model != deployment.upstream_model:
+            request = dataclasses.replace(request, model=deployment.upstream_model)
+        self.result.provider, self.result.deployment = deployment.provider, deployment.name
         # the upstream_call lines the adapter writes carry the deployment too
-        bound = structlog.contextvars.bind_contextvars(deployment=target.name)
+        bound = structlog.contextvars.bind_contextvars(deployment=deployment.name)
         if self._label is None:
             self._label = bound["deployment"]
-        span = self.tracer.attempt(route, target, number, fallback=fallback)
+        span = self.tracer.call_span(route, deployment, number, fallback=fallback)
         if span.recording:  # the upstream call names its span (W3C traceparent)
             request = dataclasses.replace(request, trace_headers=span.trace_headers())
-        lease = route.chooser.start(index)
-        return UpstreamCall(target, request, lease, span, self.observer, number)
+        lease = route.deployment_balancer.lease(index)
+        return UpstreamCall(deployment, request, lease, span, self.observer, number)
 
     async def _before_retry(
         self, call: UpstreamCall, exc: UpstreamError, again: bool, deadline: float
@@ -415,11 +415,11 @@ class Turn:
         """Another deployment is tried right away; ``again`` (the same one) after the backoff. A
         retry that could not finish by ``deadline`` is not made: ``exc`` is raised, the client
         hears now."""
-        target = call.target
-        wait = _backoff(call.number, target.retry, exc.retry_after) if again else 0.0
+        deployment = call.deployment
+        wait = _backoff(call.number, deployment.retry, exc.retry_after) if again else 0.0
         if time.monotonic() + wait >= deadline:
             raise exc
-        self.observer.upstream_retry(target)
+        self.observer.upstream_retry(deployment)
         if wait:
             await asyncio.sleep(wait)
 

@@ -37,19 +37,19 @@ def route_system(target: Deployment | Route) -> str:
     return provider_system(str(getattr(settings, "kind", target.provider)))
 
 
-def attempt_span(
-    route: Route, target: Deployment, attempt: int, *, fallback: bool
+def call_span(
+    route: Route, deployment: Deployment, number: int, *, fallback: bool
 ) -> tuple[str, dict[str, Attr | None]]:
-    """The name and attributes of an upstream attempt's span (``attempt``: 0 for the first try on
-    ``route``; ``fallback``: ``route`` is a fallback's)."""
-    return f"chat {target.upstream_model}", {
+    """The name and attributes of an upstream call's span (``number``: 0 for the first try on
+    ``route``; ``fallback``: ``route`` is a fallback's); its ``gateway.attempt`` counts from 1."""
+    return f"chat {deployment.upstream_model}", {
         "gen_ai.operation.name": "chat",
-        "gen_ai.provider.name": route_system(target),
-        "gen_ai.request.model": target.upstream_model,
+        "gen_ai.provider.name": route_system(deployment),
+        "gen_ai.request.model": deployment.upstream_model,
         "gateway.model": route.model,
-        "gateway.provider": target.provider,
-        "gateway.deployment": target.name,
-        "gateway.attempt": attempt + 1,
+        "gateway.provider": deployment.provider,
+        "gateway.deployment": deployment.name,
+        "gateway.attempt": number + 1,
         "gateway.fallback": fallback,
     }
 

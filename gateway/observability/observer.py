@@ -59,7 +59,7 @@ class Metrics(Observer):
         self._listener: WSGIServer | None = None
         self.families = Families(self.registry, self.multiprocess)
 
-    # -- a request's end (api/common.py RequestLog) ------------------------------------------------
+    # -- a request's end (api/exchange.py RequestLog) ------------------------------------------------
     def observe(
         self,
         transport: str,
@@ -138,31 +138,35 @@ class Metrics(Observer):
         self._ttft_cache: dict[tuple[str, str], Any] = {}
 
     # -- the engine's Observer ---------------------------------------------------------------------
-    def upstream_attempt(self, target: Deployment, outcome: str, seconds: float) -> None:
-        key = (target.provider, target.name, outcome)
+    def upstream_attempt(self, deployment: Deployment, outcome: str, seconds: float) -> None:
+        key = (deployment.provider, deployment.name, outcome)
         child = self._attempt_cache.get(key)
         if child is None:
             labels = self.labels
             child = self.families.upstream.labels(
-                labels.provider(target.provider), labels.deployment(target.name), closed(outcome, OUTCOMES)
+                labels.provider(deployment.provider),
+                labels.deployment(deployment.name),
+                closed(outcome, OUTCOMES),
             )
             if len(self._attempt_cache) < _CACHE_MAX:
                 self._attempt_cache[key] = child
         child.observe(seconds)
 
-    def upstream_retry(self, target: Deployment) -> None:
-        self.families.retries.labels(self.labels.provider(target.provider)).inc()
+    def upstream_retry(self, deployment: Deployment) -> None:
+        self.families.retries.labels(self.labels.provider(deployment.provider)).inc()
 
     def fallback(self, primary: Route, fallback: Route) -> None:
         labels = self.labels
         self.families.fallbacks.labels(labels.model(primary.model), labels.model(fallback.model)).inc()
 
-    def first_token(self, primary: Route, target: Deployment, seconds: float) -> None:
-        key = (primary.model, target.provider)
+    def first_token(self, primary: Route, deployment: Deployment, seconds: float) -> None:
+        key = (primary.model, deployment.provider)
         child = self._ttft_cache.get(key)
         if child is None:
             labels = self.labels
-            child = self.families.ttft.labels(labels.model(primary.model), labels.provider(target.provider))
+            child = self.families.ttft.labels(
+                labels.model(primary.model), labels.provider(deployment.provider)
+            )
             if len(self._ttft_cache) < _CACHE_MAX:
                 self._ttft_cache[key] = child
         child.observe(seconds)

@@ -28,7 +28,7 @@ from gateway import __version__
 from gateway.engine.telemetry import NOOP_TRACER, Attr, Span, Tracer
 from gateway.kernel.settings import Settings
 from gateway.logs import enable_trace_ids
-from gateway.observability.genai import attempt_span
+from gateway.observability.genai import call_span
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -170,8 +170,8 @@ class OtelTracer(Tracer):
         kind = SpanKind.CLIENT if client else SpanKind.INTERNAL
         return OtelSpan(self._tracer.start_span(name, kind=kind, attributes=_clean(attributes)))
 
-    def attempt(self, route: Route, target: Deployment, attempt: int, *, fallback: bool) -> Span:
-        name, attributes = attempt_span(route, target, attempt, fallback=fallback)
+    def call_span(self, route: Route, deployment: Deployment, number: int, *, fallback: bool) -> Span:
+        name, attributes = call_span(route, deployment, number, fallback=fallback)
         return self.child(name, attributes, client=True)
 
     async def aclose(self) -> None:

@@ -453,7 +453,7 @@ def test_whole_message_replays_its_blocks() -> None:
         "stop_reason": "max_tokens",
         "usage": {"input_tokens": 3, "cache_read_input_tokens": 2, "output_tokens": 5},
     }
-    out = MessagesStreamTranslator().whole(message)
+    out = MessagesStreamTranslator().unstreamed_deltas(message)
     assert out == [
         ReasoningSummaryDelta("hmm"),
         ReasoningEncrypted("s1"),
@@ -465,7 +465,7 @@ def test_whole_message_replays_its_blocks() -> None:
         Finish("length"),
     ]
     with pytest.raises(UpstreamError):
-        MessagesStreamTranslator().whole({"type": "error", "error": {"type": "overloaded_error"}})
+        MessagesStreamTranslator().unstreamed_deltas({"type": "error", "error": {"type": "overloaded_error"}})
 
 
 async def test_headers_path_and_body(fake: FakeAnthropic, adapter: AnthropicAdapter) -> None:

@@ -416,7 +416,7 @@ def test_whole_response_object() -> None:
         "output": [{"type": "message", "content": [{"type": "output_text", "text": "cut"}]}],
         "usage": {"input_tokens": 1, "output_tokens": 2},
     }
-    assert ResponsesStreamTranslator().whole(whole) == [
+    assert ResponsesStreamTranslator().unstreamed_deltas(whole) == [
         TextDelta("cut"),
         ItemDone(),
         Usage(1, 2),
@@ -434,7 +434,7 @@ def test_logprobs_pass_through_streamed_and_whole() -> None:
         "status": "completed",
         "output": [{"type": "message", "content": [{"type": "output_text", "text": "hi", "logprobs": lp}]}],
     }
-    assert ResponsesStreamTranslator().whole(whole)[0] == TextDelta("hi", lp)
+    assert ResponsesStreamTranslator().unstreamed_deltas(whole)[0] == TextDelta("hi", lp)
     body = build_body(req(include=["message.output_text.logprobs"], top_logprobs=3))
     assert "message.output_text.logprobs" in body["include"] and body["top_logprobs"] == 3
 

@@ -205,15 +205,15 @@ async def test_providers_auto_registered_from_the_environment(monkeypatch: pytes
     assert table["anthropic"].resolved_base_url() == "https://api.anthropic.com"
     assert table["gemini"].resolved_base_url() == "https://generativelanguage.googleapis.com/v1beta"
     router = Router(Settings())
-    route = router.resolve("anthropic/claude-sonnet-4-5")
+    route = router.route("anthropic/claude-sonnet-4-5")
     assert isinstance(route.adapter, AnthropicAdapter) and route.upstream_model == "claude-sonnet-4-5"
-    assert isinstance(router.resolve("gemini/gemini-2.5-flash").adapter, GeminiAdapter)
+    assert isinstance(router.route("gemini/gemini-2.5-flash").adapter, GeminiAdapter)
     with pytest.raises(ModelNotFound):
-        router.resolve("openai/gpt-4o")
+        router.route("openai/gpt-4o")
     await router.aclose()
     monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
     router = Router(Settings())
-    assert isinstance(router.resolve("openai/gpt-4o").adapter, OpenAIResponsesAdapter)
+    assert isinstance(router.route("openai/gpt-4o").adapter, OpenAIResponsesAdapter)
     await router.aclose()
     # a config that names providers turns auto-registration off
     configured = Settings(providers={"local": {"kind": "gemini", "base_url": "http://127.0.0.1:1"}})

@@ -43,15 +43,15 @@ def balancer(
 
 def fail(b: Balancer, index: int, exc: UpstreamError = DOWN, times: int = 1) -> None:
     for _ in range(times):
-        attempt = b.start(index)
-        attempt.failed(exc)
-        attempt.end()
+        lease = b.lease(index)
+        lease.failed(exc)
+        lease.end()
 
 
 def succeed(b: Balancer, index: int) -> None:
-    attempt = b.start(index)
-    attempt.opened()
-    attempt.end()
+    lease = b.lease(index)
+    lease.opened()
+    lease.end()
 
 
 # -- strategies ----------------------------------------------------------------------------------
@@ -63,10 +63,10 @@ def test_weighted_follows_the_weights() -> None:
 
 def test_least_busy_spreads_what_is_in_flight() -> None:
     b, _ = balancer(1, 1, 1, strategy="least_busy")
-    held = [b.start(b.pick()) for _ in range(9)]
+    held = [b.lease(b.pick()) for _ in range(9)]
     assert sorted(s.in_flight for s in b.states) == [3, 3, 3]
-    for attempt in held[:3]:
-        attempt.end()
+    for lease in held[:3]:
+        lease.end()
     nxt = b.pick()
     assert b.states[nxt].in_flight < 3
 
@@ -74,7 +74,7 @@ def test_least_busy_spreads_what_is_in_flight() -> None:
 def test_least_busy_weighs_load_by_weight() -> None:
     b, _ = balancer(2, 1, strategy="least_busy")
     for _ in range(9):
-        b.start(b.pick())
+        b.lease(b.pick())
     assert [s.in_flight for s in b.states] == [6, 3]
 
 
@@ -89,10 +89,10 @@ def test_latency_tries_the_unexplored_then_prefers_the_faster() -> None:
     first = [b.pick() for _ in range(3)]
     assert all(b.states[i].ewma is None for i in first)
     for i, seconds in ((0, 0.5), (1, 0.05), (2, 0.3)):
-        attempt = b.start(i)
+        lease = b.lease(i)
         clock.now += seconds
-        attempt.opened()
-        attempt.end()
+        lease.opened()
+        lease.end()
     counts = Counter(b.pick() for _ in range(2000))
     assert counts[1] / 2000 > 0.9  # the rest: the few picks made by weight, to remeasure
     assert counts[0] > 0 and counts[2] > 0
@@ -101,13 +101,13 @@ def test_latency_tries_the_unexplored_then_prefers_the_faster() -> None:
 def test_latency_ewma_follows_a_deployment_that_slows_down() -> None:
     b, clock = balancer(1, 1, strategy="latency")
     for i, seconds in ((0, 0.1), (1, 0.2)):
-        attempt = b.start(i)
+        lease = b.lease(i)
         clock.now += seconds
-        attempt.opened()
+        lease.opened()
     for _ in range(5):  # d0 gets slow
-        attempt = b.start(0)
+        lease = b.lease(0)
         clock.now += 1.0
-        attempt.opened()
+        lease.opened()
     assert b.states[0].ewma is not None and b.states[0].ewma > 0.2
     assert Counter(b.pick() for _ in range(500)).most_common(1)[0][0] == 1
 
@@ -124,7 +124,7 @@ def test_failures_in_a_row_eject_until_the_cooldown_then_one_trial_restores() ->
     assert {b.pick() for _ in range(200)} == {1}
     clock.now += 10
     assert b.healthy(0)
-    trial = b.start(0)  # half-open: one trial at a time
+    trial = b.lease(0)  # half-open: one trial at a time
     assert {b.pick() for _ in range(200)} == {1}
     trial.opened()
     trial.end()
@@ -148,7 +148,7 @@ def test_a_trial_that_ends_without_an_answer_frees_the_half_open_slot() -> None:
     b, clock = balancer(1, 1, eject_after=1, cooldown_seconds=5)
     fail(b, 0)
     clock.now += 5
-    b.start(0).end()  # cancelled: no verdict
+    b.lease(0).end()  # cancelled: no verdict
     assert b.healthy(0)
 
 
@@ -201,7 +201,7 @@ def test_a_key_always_goes_to_one_deployment_whatever_the_strategy() -> None:
     b, _ = balancer(1, 1, 1, strategy="least_busy")
     home = b.pick("conversation-1")
     for _ in range(50):
-        b.start(home)  # busier and busier: affinity still holds
+        b.lease(home)  # busier and busier: affinity still holds
         assert b.pick("conversation-1") == home
 
 
@@ -240,8 +240,8 @@ def test_affinity_none_ignores_keys() -> None:
 
 def test_a_claimed_id_hashes_to_the_deployment_the_turn_goes_to() -> None:
     b, _ = balancer(1, 1, 1, strategy="least_busy")
-    b.start(0)
-    b.start(1)  # d2 is the least busy
+    b.lease(0)
+    b.lease(1)  # d2 is the least busy
     rid = b.claim(None, response_id)
     assert b.rank(rid)[0] == 2 and b.pick(rid) == 2
     home = b.pick("cache-key")

@@ -71,7 +71,7 @@ def replicated(
 
 
 def in_flight(r: Route) -> list[int]:
-    return [s["in_flight"] for s in r.chooser.snapshot()]
+    return [s["in_flight"] for s in r.deployment_balancer.snapshot()]
 
 
 @pytest.mark.parametrize(
@@ -88,14 +88,14 @@ async def test_a_failed_try_moves_to_the_other_deployment_before_the_first_byte(
     r = replicated(a, b)
     turn = make_turn(r)
     turn.affinity = "conversation"
-    home = r.chooser.pick("conversation")
+    home = r.deployment_balancer.pick("conversation")
     [a, b][1 - home].scripts.clear()  # only the key's home fails
     result = await turn.run()
     assert result.status == "completed" and result.deployment == f"r{1 - home}"
     assert result.provider == f"p{1 - home}"
     assert (a.calls, b.calls) == (1, 1)
     assert turn.request.model == "up-0"  # each try gets its own copy of the request
-    assert r.chooser.states[home].failures == 1
+    assert r.deployment_balancer.states[home].failures == 1
     assert in_flight(r) == [0, 0]
 
 
@@ -117,7 +117,7 @@ async def test_retries_beyond_the_deployments_go_round_again() -> None:
     with pytest.raises(UpstreamError):
         await make_turn(r).run()
     assert (a.calls, b.calls) == (2, 2)
-    assert [s.failures for s in r.chooser.states] == [2, 2]
+    assert [s.failures for s in r.deployment_balancer.states] == [2, 2]
 
 
 async def test_a_client_error_is_not_retried_elsewhere_nor_counted() -> None:
@@ -126,20 +126,20 @@ async def test_a_client_error_is_not_retried_elsewhere_nor_counted() -> None:
     with pytest.raises(UpstreamRejected):
         await make_turn(r).run()
     assert a.calls + b.calls == 1
-    assert [s.failures for s in r.chooser.states] == [0, 0]
+    assert [s.failures for s in r.deployment_balancer.states] == [0, 0]
 
 
 async def test_an_ejected_deployment_is_skipped_even_by_its_keys() -> None:
     down = UpstreamConnectError("refused", retryable=True)
     reps = [Replica(), Replica()]
     r = replicated(*reps, eject_after=2, cooldown_seconds=60)
-    home = r.chooser.pick("k")
+    home = r.deployment_balancer.pick("k")
     reps[home].scripts = [down, down]
     for _ in range(2):
         turn = make_turn(r)
         turn.affinity = "k"
         assert (await turn.run()).deployment == f"r{1 - home}"
-    assert not r.chooser.healthy(home)
+    assert not r.deployment_balancer.healthy(home)
     turn = make_turn(r)
     turn.affinity = "k"
     assert (await turn.run()).deployment == f"r{1 - home}"
@@ -179,7 +179,7 @@ async def test_each_try_logs_under_its_deployment_and_the_label_is_undone() -> N
     down = UpstreamError("down", retryable=True, upstream_status=503)
     a, b = Replica(down), Replica(down)
     r = replicated(a, b)
-    home = r.chooser.pick("k")
+    home = r.deployment_balancer.pick("k")
     [a, b][1 - home].scripts.clear()
     turn = make_turn(r)
     turn.affinity = "k"

@@ -1,8 +1,8 @@
 """The engine's part of steering, in process: ``ResponseBuilder.interrupt`` (the one place a response
 ends at a safe boundary), ``Turn.stop`` (a text stream stops at once, even mid-wait on the upstream;
 a call's arguments finish first; a real cancellation is never mistaken for the stop's own), and
-the steering input rules (``gateway/engine/steer.py``), and the socket's bounded book of
-steerable responses (``gateway/api/steering.py``)."""
+the steering input rules (``gateway/engine/steer_input.py``), and the socket's bounded book of
+steerable responses (``gateway/api/steer_book.py``)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import pytest
 
 from adapters.base import UpstreamRequest
 from adapters.deltas import Delta, Finish, TextDelta, ToolCallArgsDelta, ToolCallStart, Usage
-from gateway.api.steering import SteerBook
+from gateway.api.steer_book import SteerBook
 from gateway.engine.builder import ResponseBuilder
-from gateway.engine.steer import required_input, steer_items, with_steering
+from gateway.engine.steer_input import required_input, steer_items, with_steering
 from gateway.engine.turn import Turn, TurnResult
 from gateway.kernel.errors import IllegalTransition, InvalidRequest, ServiceUnavailable
 from tests.engine.test_turn import Scripted, make_turn, route
@@ -313,7 +313,7 @@ def test_the_book_keeps_a_bounded_memory_of_finished_and_waiting_responses() -> 
         target.result = cast(
             TurnResult, SimpleNamespace(ended=True, status="completed", output=[call] if waits else [])
         )
-        assert book.settle(target, closing=False) == ([], None)
+        assert book.after_turn(target, closing=False) == ([], None)
     assert len(book.finished) == 128 and len(book.targets) == 64
 
     def code(rid: str) -> tuple[str, str | None]:
@@ -341,7 +341,7 @@ def test_steering_of_a_response_that_completes_anyway_goes_to_a_successor() -> N
     target = book.open("resp_a", "s", cast(Turn, Late()), data)
     [accepted] = book.submit({"type": "response.steer", "previous_response_id": "resp_a", "input": "more"})
     target.result = cast(TurnResult, SimpleNamespace(ended=True, status="completed", output=[]))
-    events, handoff = book.settle(target, closing=False)
+    events, handoff = book.after_turn(target, closing=False)
     assert events == [] and handoff is not None and handoff.automatic
     assert handoff.successor() == {
         "model": "m",
@@ -355,6 +355,6 @@ def test_steering_of_a_response_that_completes_anyway_goes_to_a_successor() -> N
     other = book.open("resp_b", None, cast(Turn, Late()), data)
     book.submit({"type": "response.steer", "previous_response_id": "resp_b", "input": "more"})
     other.result = cast(TurnResult, SimpleNamespace(ended=True, status="completed", output=[]))
-    [failed], none = book.settle(other, closing=True)
+    [failed], none = book.after_turn(other, closing=True)
     assert none is None and failed["error"]["code"] == "successor_creation_failed"
     assert failed["steer"]["input"] == "more" and accepted["steer"]["id"] != failed["steer"]["id"]

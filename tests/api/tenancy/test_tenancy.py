@@ -161,8 +161,8 @@ async def test_a_fallback_off_the_allow_list_is_not_used() -> None:
 
     s = Settings(models={"a": {"provider": "mock", "fallbacks": ["b"]}, "b": {"provider": "mock"}})
     router = Router(s)
-    assert [f.model for f in router.resolve("a").fallbacks] == ["b"]
-    assert router.resolve("a", ["a"]).fallbacks == ()
+    assert [f.model for f in router.route("a").fallbacks] == ["b"]
+    assert router.route("a", ["a"]).fallbacks == ()
 
 
 # -- config validation ------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import orjson
 import pytest
 from websockets.exceptions import InvalidStatus
 
-from gateway.api.common import UNLIMITED
+from gateway.api.exchange import UNLIMITED
 from gateway.engine.limits import reset_text
 from tests.api.helpers import serve_cli, wait_until_up
 from tests.harness import ServedApp, free_port, serve_gateway

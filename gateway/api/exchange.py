@@ -1,5 +1,6 @@
-"""What every route shares: reading and validating a request, error responses, and the one log
-line plus metrics sample each request ends with."""
+"""One request's exchange, as every route has it: reading and validating the request, the error
+and JSON responses, the ``x-ratelimit-*`` headers, and the one log line plus metrics sample each
+request ends with (``RequestLog``)."""
 
 from __future__ import annotations
 

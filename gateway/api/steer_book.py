@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from gateway.engine.steer import required_input, steer_items
+from gateway.engine.steer_input import required_input, steer_items
 from gateway.kernel.errors import GatewayError, InvalidRequest
 from gateway.kernel.ids import new_id
 
@@ -52,7 +52,7 @@ class Submission:
 
 
 @dataclass(slots=True)
-class Target:
+class SteerableResponse:
     """A response made on this socket, as steering sees it."""
 
     id: str
@@ -71,7 +71,7 @@ class Handoff:
     """Queued steering on its way into a new response (committed by its ``response.created``).
     ``automatic``: a successor the gateway starts; else the client's own continuation."""
 
-    parent: Target
+    parent: SteerableResponse
     subs: list[Submission]
     automatic: bool
 
@@ -96,8 +96,8 @@ class SteerBook:
     def __init__(self, max_pending: int, max_items: int) -> None:
         self.max_pending = max_pending
         self.max_items = max_items
-        self.targets: OrderedDict[str, Target] = OrderedDict()  # active, handoff, awaiting
-        # the latest done with (completed | closed): a few bytes each, not a Target
+        self.targets: OrderedDict[str, SteerableResponse] = OrderedDict()  # active, handoff, awaiting
+        # the latest done with (completed | closed): a few bytes each, not a SteerableResponse
         self.finished: OrderedDict[str, tuple[SteerState, str | None]] = OrderedDict()
         self._seq = 0
 
@@ -110,11 +110,11 @@ class SteerBook:
             event["stream_id"] = stream_id
         return event
 
-    def accepted(self, target: Target, sub: Submission) -> Event:
+    def accepted(self, target: SteerableResponse, sub: Submission) -> Event:
         steer = {"id": sub.id, "previous_response_id": target.id}
         return self._event("response.steer.accepted", target.stream_id, steer=steer)
 
-    def pending(self, target: Target, sub: Submission) -> Event:
+    def pending(self, target: SteerableResponse, sub: Submission) -> Event:
         sub.notified = True
         return self._event(
             "response.steer.pending",
@@ -139,7 +139,9 @@ class SteerBook:
         error = {"type": "invalid_request_error", "code": code, "message": message}
         return self._event("response.steer.failed", stream_id, error=error, steer=steer)
 
-    def _returned(self, target: Target, subs: list[Submission], code: str, message: str) -> list[Event]:
+    def _returned(
+        self, target: SteerableResponse, subs: list[Submission], code: str, message: str
+    ) -> list[Event]:
         return [self.failed(code, message, target.id, s.input, s.id, target.stream_id) for s in subs]
 
     # -- a response.steer ------------------------------------------------------------------------
@@ -191,17 +193,19 @@ class SteerBook:
         return [self.accepted(target, sub)]
 
     # -- the life of a response on the socket ----------------------------------------------------
-    def open(self, response_id: str, stream_id: str | None, turn: Turn, data: dict[str, Any]) -> Target:
+    def open(
+        self, response_id: str, stream_id: str | None, turn: Turn, data: dict[str, Any]
+    ) -> SteerableResponse:
         """A turn about to run: its response may be steered from now on."""
-        target = Target(response_id, stream_id, turn=turn, data=data)
+        target = SteerableResponse(response_id, stream_id, turn=turn, data=data)
         self.targets[response_id] = target
         return target
 
-    def drop(self, target: Target) -> None:
+    def drop(self, target: SteerableResponse) -> None:
         """The turn failed before its first event: the response never existed."""
         self.targets.pop(target.id, None)
 
-    def settle(self, target: Target, closing: bool) -> tuple[list[Event], Handoff | None]:
+    def after_turn(self, target: SteerableResponse, closing: bool) -> tuple[list[Event], Handoff | None]:
         """The target's turn is over (its terminal event sent): what its queued input becomes.
         ``closing``: the socket is draining or past its age limit (no successor may start)."""
         result = target.result
@@ -248,7 +252,7 @@ class SteerBook:
         parent.state = SteerState.HANDOFF
         return Handoff(parent, subs, automatic=False)
 
-    def commit(self, handoff: Handoff, successor: Target) -> None:
+    def commit(self, handoff: Handoff, successor: SteerableResponse) -> None:
         """The new response's ``response.created`` is going out: the input is committed. Input
         accepted meanwhile steers the new response in turn."""
         parent = handoff.parent
@@ -274,7 +278,7 @@ class SteerBook:
         msg = f"The successor response could not be created: {err.message}"
         return self._returned(parent, subs, "successor_creation_failed", msg)
 
-    def _finish(self, target: Target, state: SteerState) -> None:
+    def _finish(self, target: SteerableResponse, state: SteerState) -> None:
         """``target`` is done with: only its final state (and lane) is kept, among the latest."""
         target.state = state
         self.targets.pop(target.id, None)
