@@ -103,7 +103,8 @@ class HTTPStreamAdapter(Generic[T]):
     def url(self, request: UpstreamRequest) -> str:
         return self._url
 
-    def body(self, request: UpstreamRequest) -> dict[str, Any]:
+    def body(self, request: UpstreamRequest) -> Mapping[str, Any]:
+        """The JSON request body (a subclass returns its provider's request TypedDict)."""
         raise NotImplementedError
 
     def translator(self) -> T:

@@ -10,6 +10,7 @@ from adapters.base import UpstreamRequest
 from adapters.deltas import Delta
 from adapters.openai_chat.request import build_body
 from adapters.openai_chat.stream import ChatStreamTranslator
+from adapters.openai_chat.wire import ChatRequest
 from adapters.streaming import HTTPStreamAdapter, json_object
 
 __all__ = ["OpenAIChatAdapter"]
@@ -25,7 +26,7 @@ class OpenAIChatAdapter(HTTPStreamAdapter[ChatStreamTranslator]):
     path = "/chat/completions"
     done_marker = True
 
-    def body(self, request: UpstreamRequest) -> dict[str, Any]:
+    def body(self, request: UpstreamRequest) -> ChatRequest:
         return build_body(request)
 
     def translator(self) -> ChatStreamTranslator:

@@ -7,10 +7,11 @@ messages become ``system``, text-only content is a plain string, ``max_tokens`` 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from adapters.base import UpstreamRequest
 from adapters.content import unsupported_content
+from adapters.openai_chat.wire import ChatFunction, ChatRequest, ChatTool, ChatToolChoice, SamplingKey
 from adapters.tools import function_tools
 from gateway.kernel.errors import ErrorCode, UpstreamRejected
 from gateway.kernel.tool_choice import parse_tool_choice
@@ -20,12 +21,18 @@ __all__ = ["build_body", "build_messages", "build_tools"]
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text", "reasoning_text"})
 _ROLES = frozenset({"user", "assistant", "system"})
 LOGPROBS_INCLUDE = "message.output_text.logprobs"  # the include that asks for token logprobs
+_FUNCTION_KEYS: tuple[Literal["description", "parameters", "strict"], ...] = (
+    "description",
+    "parameters",
+    "strict",
+)
+_SAMPLING: tuple[SamplingKey, ...] = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
 
 
-def build_body(req: UpstreamRequest) -> dict[str, Any]:
+def build_body(req: UpstreamRequest) -> ChatRequest:
     """The ``/chat/completions`` request body for ``req`` (streamed, with usage in the stream,
     unless ``req.stream`` is False)."""
-    body: dict[str, Any] = {"model": req.model, "messages": build_messages(req)}
+    body: ChatRequest = {"model": req.model, "messages": build_messages(req)}
     tools, tool_choice = build_tools(req.tools, req.tool_choice)
     if tools:
         body["tools"] = tools
@@ -35,7 +42,7 @@ def build_body(req: UpstreamRequest) -> dict[str, Any]:
             body["parallel_tool_calls"] = req.parallel_tool_calls
     if req.max_output_tokens is not None:
         body["max_tokens"] = req.max_output_tokens
-    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+    for name in _SAMPLING:
         value = getattr(req, name)
         if value is not None:
             body[name] = value
@@ -204,15 +211,15 @@ def _tool_output(output: Any) -> tuple[str, list[dict[str, Any]]]:
 # -- tools ------------------------------------------------------------------------------------
 def build_tools(
     tools: list[dict[str, Any]], tool_choice: str | dict[str, Any]
-) -> tuple[list[dict[str, Any]], str | dict[str, Any] | None]:
+) -> tuple[list[ChatTool], ChatToolChoice | None]:
     """Chat ``tools`` and ``tool_choice`` (None: omit it). ``allowed_tools`` sends only the subset."""
     tc = parse_tool_choice(tool_choice)
-    choice: str | dict[str, Any]
+    choice: ChatToolChoice
     choice = tc.mode if tc.name is None else {"type": "function", "function": {"name": tc.name}}
-    out: list[dict[str, Any]] = []
+    out: list[ChatTool] = []
     for tool in function_tools(tools, tc.allowed):
-        fn: dict[str, Any] = {"name": tool["name"]}
-        for key in ("description", "parameters", "strict"):
+        fn: ChatFunction = {"name": tool["name"]}
+        for key in _FUNCTION_KEYS:
             if tool.get(key) is not None:
                 fn[key] = tool[key]
         out.append({"type": "function", "function": fn})
