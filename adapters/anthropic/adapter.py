@@ -8,6 +8,7 @@ from typing import Any
 
 from adapters.anthropic.request import build_body
 from adapters.anthropic.stream import MessagesStreamTranslator
+from adapters.anthropic.wire import MessagesRequest
 from adapters.base import UpstreamRequest
 from adapters.deltas import Delta
 from adapters.streaming import HTTPStreamAdapter, json_object
@@ -26,7 +27,7 @@ class AnthropicAdapter(HTTPStreamAdapter[MessagesStreamTranslator]):
             headers["x-api-key"] = key
         return headers
 
-    def body(self, request: UpstreamRequest) -> dict[str, Any]:
+    def body(self, request: UpstreamRequest) -> MessagesRequest:
         return build_body(request, default_max_tokens=self.settings.default_max_tokens)
 
     def translator(self) -> MessagesStreamTranslator:

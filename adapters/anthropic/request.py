@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
+from adapters.anthropic.wire import MessagesMessage, MessagesRequest, MessagesTool, MessagesToolChoice
 from adapters.base import UpstreamRequest
 from adapters.content import arguments_object, assistant_texts, parse_data_url, unsupported_content
 from adapters.tools import function_tools
@@ -28,11 +29,11 @@ _MIN_BUDGET = 1024  # the API's minimum thinking budget
 _DOC_TYPES = {"application/pdf": "base64", "text/plain": "text"}
 
 
-def build_body(req: UpstreamRequest, *, default_max_tokens: int) -> dict[str, Any]:
+def build_body(req: UpstreamRequest, *, default_max_tokens: int) -> MessagesRequest:
     """The ``POST /v1/messages`` body for ``req`` (streamed unless ``req.stream`` is False)."""
     system, messages = build_messages(req)
     max_tokens = req.max_output_tokens or default_max_tokens
-    body: dict[str, Any] = {"model": req.model, "max_tokens": max_tokens, "messages": messages}
+    body: MessagesRequest = {"model": req.model, "max_tokens": max_tokens, "messages": messages}
     hint = _format_hint(req.text_format)
     if hint:
         system = f"{system}\n\n{hint}" if system else hint
@@ -61,7 +62,7 @@ def build_body(req: UpstreamRequest, *, default_max_tokens: int) -> dict[str, An
     return body
 
 
-def _unsigned_tool_turn(messages: list[dict[str, Any]]) -> bool:
+def _unsigned_tool_turn(messages: list[MessagesMessage]) -> bool:
     """The last assistant turn calls tools but does not start with a (signed) thinking block."""
     last = next((m for m in reversed(messages) if m["role"] == "assistant"), None)
     if last is None or not any(b["type"] == "tool_use" for b in last["content"]):
@@ -95,12 +96,12 @@ def _format_hint(text_format: dict[str, Any] | None) -> str | None:
 _OPENING = "."  # the user turn put before an assistant-first history (the API needs one, non-empty)
 
 
-def build_messages(req: UpstreamRequest) -> tuple[str, list[dict[str, Any]]]:
+def build_messages(req: UpstreamRequest) -> tuple[str, list[MessagesMessage]]:
     """(system text, messages with strictly alternating roles)."""
     system: list[str] = [req.instructions] if req.instructions else []
-    turns: list[tuple[str, list[dict[str, Any]]]] = []
+    turns: list[tuple[Literal["user", "assistant"], list[dict[str, Any]]]] = []
 
-    def add(role: str, blocks: list[dict[str, Any]]) -> None:
+    def add(role: Literal["user", "assistant"], blocks: list[dict[str, Any]]) -> None:
         if not blocks:
             return
         if turns and turns[-1][0] == role:
@@ -128,7 +129,7 @@ def build_messages(req: UpstreamRequest) -> tuple[str, list[dict[str, Any]]]:
             block = _thinking(item)
             if block is not None:
                 add("assistant", [block])
-    messages = []
+    messages: list[MessagesMessage] = []
     for role, blocks in turns:
         if role == "user":
             # tool_result blocks must open the user turn that answers the tool_use turn
@@ -252,13 +253,13 @@ def _thinking(item: dict[str, Any]) -> dict[str, Any] | None:
 # -- tools ------------------------------------------------------------------------------------
 def build_tools(
     req: UpstreamRequest, *, thinking: bool = False
-) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+) -> tuple[list[MessagesTool], MessagesToolChoice | None]:
     """Anthropic ``tools`` and ``tool_choice`` (None: omit). ``allowed_tools`` sends only the subset."""
     tc = parse_tool_choice(req.tool_choice)
-    choice: dict[str, Any] = _mode(tc.mode) if tc.name is None else {"type": "tool", "name": tc.name}
-    tools = []
+    choice: MessagesToolChoice = _mode(tc.mode) if tc.name is None else {"type": "tool", "name": tc.name}
+    tools: list[MessagesTool] = []
     for tool in function_tools(req.tools, tc.allowed):
-        out: dict[str, Any] = {
+        out: MessagesTool = {
             "name": tool["name"],
             "input_schema": tool.get("parameters") or {"type": "object", "properties": {}},
         }
@@ -274,5 +275,5 @@ def build_tools(
     return tools, (None if choice == {"type": "auto"} else choice)
 
 
-def _mode(mode: str) -> dict[str, Any]:
+def _mode(mode: str) -> MessagesToolChoice:
     return {"type": {"required": "any", "none": "none"}.get(mode, "auto")}
