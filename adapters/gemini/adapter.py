@@ -9,6 +9,7 @@ from adapters.base import UpstreamRequest
 from adapters.deltas import Delta
 from adapters.gemini.request import build_body, model_path
 from adapters.gemini.stream import GeminiStreamTranslator
+from adapters.gemini.wire import GeminiRequest
 from adapters.streaming import HTTPStreamAdapter
 
 __all__ = ["GeminiAdapter"]
@@ -26,7 +27,7 @@ class GeminiAdapter(HTTPStreamAdapter[GeminiStreamTranslator]):
             return f"{self._base}/{model_path(request.model)}:streamGenerateContent?alt=sse"
         return f"{self._base}/{model_path(request.model)}:generateContent"
 
-    def body(self, request: UpstreamRequest) -> dict[str, Any]:
+    def body(self, request: UpstreamRequest) -> GeminiRequest:
         return build_body(request)
 
     def translator(self) -> GeminiStreamTranslator:

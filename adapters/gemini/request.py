@@ -8,7 +8,7 @@ came with), as the API requires for function calling with thinking models.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 import orjson
@@ -16,6 +16,16 @@ import orjson
 from adapters.base import UpstreamRequest
 from adapters.content import arguments_object, assistant_texts, parse_data_url, unsupported_content
 from adapters.gemini.schema import to_gemini_schema
+from adapters.gemini.wire import (
+    GeminiContent,
+    GeminiFunctionCallingConfig,
+    GeminiFunctionDeclaration,
+    GeminiGenerationConfig,
+    GeminiRequest,
+    GeminiSamplingKey,
+    GeminiThinkingConfig,
+    GeminiTool,
+)
 from adapters.tools import function_tools
 from gateway.kernel.errors import ErrorCode, UpstreamRejected
 from gateway.kernel.tool_choice import parse_tool_choice
@@ -34,6 +44,12 @@ _MIME_BY_EXT = {
     "pdf": "application/pdf",
     "txt": "text/plain",
 }
+_SAMPLING: tuple[tuple[str, GeminiSamplingKey], ...] = (
+    ("temperature", "temperature"),
+    ("top_p", "topP"),
+    ("presence_penalty", "presencePenalty"),
+    ("frequency_penalty", "frequencyPenalty"),
+)
 
 
 def model_path(model: str) -> str:
@@ -46,11 +62,11 @@ def model_path(model: str) -> str:
     return f"{collection}/{quote(name, safe='')}"
 
 
-def build_body(req: UpstreamRequest) -> dict[str, Any]:
+def build_body(req: UpstreamRequest) -> GeminiRequest:
     """The body for ``req``: the same for ``:streamGenerateContent`` and, when ``req.stream`` is
     False, ``:generateContent`` (the URL alone says whether the reply streams)."""
     system, contents = build_contents(req)
-    body: dict[str, Any] = {"contents": contents}
+    body: GeminiRequest = {"contents": contents}
     if system:
         body["systemInstruction"] = {"parts": [{"text": system}]}
     tools, config = build_tools(req)
@@ -64,16 +80,11 @@ def build_body(req: UpstreamRequest) -> dict[str, Any]:
     return body
 
 
-def _generation_config(req: UpstreamRequest) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _generation_config(req: UpstreamRequest) -> GeminiGenerationConfig:
+    out: GeminiGenerationConfig = {}
     if req.max_output_tokens is not None:
         out["maxOutputTokens"] = req.max_output_tokens
-    for ours, theirs in (
-        ("temperature", "temperature"),
-        ("top_p", "topP"),
-        ("presence_penalty", "presencePenalty"),
-        ("frequency_penalty", "frequencyPenalty"),
-    ):
+    for ours, theirs in _SAMPLING:
         value = getattr(req, ours)
         if value is not None:
             out[theirs] = value
@@ -83,7 +94,7 @@ def _generation_config(req: UpstreamRequest) -> dict[str, Any]:
         if fmt.get("type") == "json_schema" and fmt.get("schema"):
             out["responseSchema"] = to_gemini_schema(fmt["schema"])
     reasoning = req.reasoning or {}
-    thinking: dict[str, Any] = {}
+    thinking: GeminiThinkingConfig = {}
     if reasoning.get("effort") in _EFFORT_BUDGET:
         thinking["thinkingBudget"] = _EFFORT_BUDGET[reasoning["effort"]]
     if reasoning.get("summary"):
@@ -102,10 +113,10 @@ class _Contents:
     """Accumulates ``contents`` with merged same-role turns and pending thought signatures."""
 
     def __init__(self) -> None:
-        self.turns: list[dict[str, Any]] = []
+        self.turns: list[GeminiContent] = []
         self.signature: str | None = None  # from a reasoning item, for the next model part
 
-    def add(self, role: str, parts: list[dict[str, Any]]) -> None:
+    def add(self, role: Literal["user", "model"], parts: list[dict[str, Any]]) -> None:
         if not parts:
             return
         if role == "model" and self.signature is not None:
@@ -125,7 +136,7 @@ class _Contents:
         self.signature = None
 
 
-def build_contents(req: UpstreamRequest) -> tuple[str, list[dict[str, Any]]]:
+def build_contents(req: UpstreamRequest) -> tuple[str, list[GeminiContent]]:
     """(system instruction text, ``contents`` with roles user/model)."""
     system: list[str] = [req.instructions] if req.instructions else []
     names = {i["call_id"]: i["name"] for i in req.items if i.get("type") == "function_call"}
@@ -216,12 +227,12 @@ def _function_response(item: dict[str, Any], name: str) -> list[dict[str, Any]]:
 
 
 # -- tools ------------------------------------------------------------------------------------
-def build_tools(req: UpstreamRequest) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+def build_tools(req: UpstreamRequest) -> tuple[list[GeminiTool], GeminiFunctionCallingConfig | None]:
     """Gemini ``tools`` and ``functionCallingConfig`` (None: omit, i.e. AUTO)."""
     tc = parse_tool_choice(req.tool_choice)
-    declarations = []
+    declarations: list[GeminiFunctionDeclaration] = []
     for tool in function_tools(req.tools, tc.allowed):
-        decl: dict[str, Any] = {"name": tool["name"]}
+        decl: GeminiFunctionDeclaration = {"name": tool["name"]}
         if tool.get("description"):
             decl["description"] = tool["description"]
         params = to_gemini_schema(tool.get("parameters") or {})
@@ -230,11 +241,11 @@ def build_tools(req: UpstreamRequest) -> tuple[list[dict[str, Any]], dict[str, A
         declarations.append(decl)
     if not declarations:
         return [], None
-    tools = [{"functionDeclarations": declarations}]
+    tools: list[GeminiTool] = [{"functionDeclarations": declarations}]
     if tc.mode == "none":
         return tools, {"mode": "NONE"}
     if tc.mode == "required":
-        config: dict[str, Any] = {"mode": "ANY"}
+        config: GeminiFunctionCallingConfig = {"mode": "ANY"}
         if tc.name is not None:
             config["allowedFunctionNames"] = [tc.name]
         return tools, config
