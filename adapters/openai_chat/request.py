@@ -7,7 +7,7 @@ messages become ``system``, text-only content is a plain string, ``max_tokens`` 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from adapters.base import UpstreamRequest
 from adapters.content import unsupported_content
@@ -26,7 +26,7 @@ _FUNCTION_KEYS: tuple[Literal["description", "parameters", "strict"], ...] = (
     "parameters",
     "strict",
 )
-_SAMPLING: tuple[SamplingKey, ...] = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+_SAMPLING: tuple[SamplingKey, ...] = get_args(SamplingKey)
 
 
 def build_body(req: UpstreamRequest) -> ChatRequest:

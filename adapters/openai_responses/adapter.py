@@ -10,6 +10,7 @@ from adapters.base import UpstreamRequest
 from adapters.deltas import Delta
 from adapters.openai_responses.request import build_body
 from adapters.openai_responses.stream import ResponsesStreamTranslator
+from adapters.openai_responses.wire import ResponsesRequest
 from adapters.streaming import HTTPStreamAdapter, json_object
 
 __all__ = ["OpenAIResponsesAdapter"]
@@ -26,7 +27,7 @@ class OpenAIResponsesAdapter(HTTPStreamAdapter[ResponsesStreamTranslator]):
     done_marker = True
     named_events = True
 
-    def body(self, request: UpstreamRequest) -> dict[str, Any]:
+    def body(self, request: UpstreamRequest) -> ResponsesRequest:
         return build_body(request)
 
     def translator(self) -> ResponsesStreamTranslator:

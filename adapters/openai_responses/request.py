@@ -7,28 +7,23 @@ The gateway owns conversation state, so the upstream gets the whole transcript a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from adapters.base import UpstreamRequest
+from adapters.openai_responses.wire import (
+    PassThroughKey,
+    ResponsesInputItem,
+    ResponsesMessage,
+    ResponsesReasoning,
+    ResponsesRequest,
+    ResponsesText,
+)
 
 __all__ = ["ENCRYPTED_INCLUDE", "build_body", "build_input", "unwrap_encrypted", "wrap_encrypted"]
 
 ENCRYPTED_INCLUDE = "reasoning.encrypted_content"
 _WRAP = "orgw1:"  # marks encrypted_content that carries the upstream reasoning item id
-_PASS_THROUGH = (
-    "temperature",
-    "top_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "parallel_tool_calls",
-    "max_output_tokens",
-    "max_tool_calls",
-    "top_logprobs",
-    "service_tier",
-    "safety_identifier",
-    "prompt_cache_key",
-    "metadata",
-)
+_PASS_THROUGH: tuple[PassThroughKey, ...] = get_args(PassThroughKey)
 
 
 def wrap_encrypted(item_id: str | None, encrypted: str) -> str:
@@ -51,10 +46,10 @@ def unwrap_encrypted(value: str) -> tuple[str | None, str]:
     return None, value
 
 
-def build_body(req: UpstreamRequest) -> dict[str, Any]:
+def build_body(req: UpstreamRequest) -> ResponsesRequest:
     """The ``POST /responses`` body for ``req`` (streamed unless ``req.stream`` is False)."""
     items = build_input(req.items)
-    body: dict[str, Any] = {"model": req.model, "input": items, "stream": req.stream, "store": False}
+    body: ResponsesRequest = {"model": req.model, "input": items, "stream": req.stream, "store": False}
     if req.instructions:
         body["instructions"] = req.instructions
     if req.tools:
@@ -65,7 +60,7 @@ def build_body(req: UpstreamRequest) -> dict[str, Any]:
         value = getattr(req, name)
         if value is not None:
             body[name] = value
-    text: dict[str, Any] = {}
+    text: ResponsesText = {}
     if req.text_format is not None:
         text["format"] = {k: v for k, v in req.text_format.items() if v is not None}
     if req.verbosity is not None:
@@ -85,9 +80,9 @@ def build_body(req: UpstreamRequest) -> dict[str, Any]:
     return body
 
 
-def build_input(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def build_input(items: list[dict[str, Any]]) -> list[ResponsesInputItem]:
     """Normalized transcript items → Responses ``input`` items (gateway ids dropped)."""
-    out: list[dict[str, Any]] = []
+    out: list[ResponsesInputItem] = []
     for item in items:
         kind = item.get("type", "message")
         if kind == "message":
@@ -113,9 +108,9 @@ def build_input(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _message(item: dict[str, Any]) -> dict[str, Any]:
+def _message(item: dict[str, Any]) -> ResponsesMessage:
     role = item.get("role", "user")
-    msg: dict[str, Any] = {
+    msg: ResponsesMessage = {
         "type": "message",
         "role": role,
         "content": [_part(p) for p in item.get("content") or []],
@@ -136,13 +131,13 @@ def _part(part: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in part.items() if v is not None}
 
 
-def _reasoning(item: dict[str, Any]) -> dict[str, Any] | None:
+def _reasoning(item: dict[str, Any]) -> ResponsesReasoning | None:
     """A reasoning item the upstream can use, or None (no state to give it: dropped)."""
     encrypted = item.get("encrypted_content")
     content = item.get("content")
     if not encrypted and not content:
         return None  # with store=false the upstream cannot look a bare id up
-    out: dict[str, Any] = {"type": "reasoning", "summary": item.get("summary") or []}
+    out: ResponsesReasoning = {"type": "reasoning", "summary": item.get("summary") or []}
     item_id = item.get("id")
     if encrypted:
         upstream_id, encrypted = unwrap_encrypted(encrypted)

@@ -96,7 +96,8 @@ def test_body_is_stateless_and_complete() -> None:
     assert "previous_response_id" not in body
     assert body["instructions"] == "sys"
     assert body["tools"] == [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
-    assert body["tool_choice"]["type"] == "allowed_tools"
+    tool_choice = body["tool_choice"]
+    assert isinstance(tool_choice, dict) and tool_choice["type"] == "allowed_tools"
     assert body["max_output_tokens"] == 100 and body["temperature"] == 0.5 and body["top_p"] == 0.9
     assert body["parallel_tool_calls"] is False and body["metadata"] == {"k": "v"}
     assert body["text"] == {
