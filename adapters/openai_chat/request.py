@@ -11,7 +11,15 @@ from typing import Any, Literal, get_args
 
 from adapters.base import UpstreamRequest
 from adapters.content import unsupported_content
-from adapters.openai_chat.wire import ChatFunction, ChatRequest, ChatTool, ChatToolChoice, SamplingKey
+from adapters.openai_chat.wire import (
+    ChatFunction,
+    ChatMessage,
+    ChatRequest,
+    ChatTool,
+    ChatToolCall,
+    ChatToolChoice,
+    SamplingKey,
+)
 from adapters.tools import function_tools
 from gateway.kernel.errors import ErrorCode, UpstreamRejected
 from gateway.kernel.tool_choice import parse_tool_choice
@@ -19,7 +27,13 @@ from gateway.kernel.tool_choice import parse_tool_choice
 __all__ = ["build_body", "build_messages", "build_tools"]
 
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text", "reasoning_text"})
-_ROLES = frozenset({"user", "assistant", "system"})
+# the chat role of a one-text-part message's role (developer → system; an unknown role → user)
+_ROLES: dict[str, Literal["user", "assistant", "system"]] = {
+    "user": "user",
+    "assistant": "assistant",
+    "system": "system",
+    "developer": "system",
+}
 LOGPROBS_INCLUDE = "message.output_text.logprobs"  # the include that asks for token logprobs
 _FUNCTION_KEYS: tuple[Literal["description", "parameters", "strict"], ...] = (
     "description",
@@ -65,15 +79,15 @@ def build_body(req: UpstreamRequest) -> ChatRequest:
 
 
 # -- messages ---------------------------------------------------------------------------------
-def build_messages(req: UpstreamRequest) -> list[dict[str, Any]]:
+def build_messages(req: UpstreamRequest) -> list[ChatMessage]:
     """The transcript as chat messages; reasoning items are dropped (chat has no slot for them)."""
-    out: list[dict[str, Any]] = []
+    out: list[ChatMessage] = []
     if req.instructions:
         out.append({"role": "system", "content": req.instructions})
     # Tool outputs may carry images, which a chat "tool" message cannot: they follow the run of
     # tool messages as one user message, so the tool messages stay adjacent to their call.
     pending_images: list[dict[str, Any]] = []
-    tool_calls_open: dict[str, Any] | None = None  # the assistant message that collects calls
+    tool_calls_open: ChatMessage | None = None  # the assistant message that collects calls
     for item in req.items:
         kind = item.get("type", "message")
         if kind == "reasoning":
@@ -88,7 +102,7 @@ def build_messages(req: UpstreamRequest) -> list[dict[str, Any]]:
             out.append(msg)
             tool_calls_open = msg if msg["role"] == "assistant" else None
         elif kind == "function_call":
-            call = {
+            call: ChatToolCall = {
                 "id": item["call_id"],
                 "type": "function",
                 "function": {"name": item["name"], "arguments": item.get("arguments") or "{}"},
@@ -109,7 +123,7 @@ def build_messages(req: UpstreamRequest) -> list[dict[str, Any]]:
     return out
 
 
-def _message(item: dict[str, Any]) -> dict[str, Any] | None:
+def _message(item: dict[str, Any]) -> ChatMessage | None:
     role = item.get("role", "user")
     content = item.get("content")
     # the replayed history's usual message, one text part: what the general paths below give
@@ -117,8 +131,7 @@ def _message(item: dict[str, Any]) -> dict[str, Any] | None:
         part = content[0]
         kind = part.get("type") if type(part) is dict else None
         if kind in _TEXT_PARTS:
-            role = "system" if role == "developer" else role
-            return {"role": role if role in _ROLES else "user", "content": part.get("text") or ""}
+            return {"role": _ROLES.get(role, "user"), "content": part.get("text") or ""}
     if role == "assistant":
         text = _join_text(content, refusals=True)
         return {"role": "assistant", "content": text}

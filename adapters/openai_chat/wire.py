@@ -6,15 +6,41 @@ from __future__ import annotations
 from typing import Any, Literal, Required, TypedDict
 
 __all__ = [
+    "ChatCallFunction",
     "ChatFunction",
+    "ChatMessage",
     "ChatRequest",
     "ChatStreamOptions",
     "ChatTool",
+    "ChatToolCall",
     "ChatToolChoice",
     "SamplingKey",
 ]
 
 SamplingKey = Literal["temperature", "top_p", "presence_penalty", "frequency_penalty"]
+
+
+class ChatCallFunction(TypedDict):
+    name: str
+    arguments: str
+
+
+class ChatToolCall(TypedDict):
+    """A call on an assistant message."""
+
+    id: str
+    type: Literal["function"]
+    function: ChatCallFunction
+
+
+class ChatMessage(TypedDict, total=False):
+    """A chat message: ``content`` is text, user content parts (text, image_url, file), or None on
+    an assistant message that only calls tools; ``tool_call_id`` names what a tool message answers."""
+
+    role: Required[Literal["system", "user", "assistant", "tool"]]
+    content: Required[str | list[dict[str, Any]] | None]
+    tool_calls: list[ChatToolCall]
+    tool_call_id: str
 
 
 class ChatFunction(TypedDict, total=False):
@@ -53,7 +79,7 @@ class ChatRequest(TypedDict, total=False):
     """The ``POST /chat/completions`` body; ``model`` and ``messages`` are always set."""
 
     model: Required[str]
-    messages: Required[list[dict[str, Any]]]
+    messages: Required[list[ChatMessage]]
     tools: list[ChatTool]
     tool_choice: ChatToolChoice
     parallel_tool_calls: bool
