@@ -14,7 +14,19 @@ from typing import Any, Literal
 
 import orjson
 
-from adapters.anthropic.wire import MessagesMessage, MessagesRequest, MessagesTool, MessagesToolChoice
+from adapters.anthropic.wire import (
+    ContentBlock,
+    DocumentBlock,
+    ImageBlock,
+    MessagesMessage,
+    MessagesRequest,
+    MessagesTool,
+    MessagesToolChoice,
+    RedactedThinkingBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 from adapters.base import UpstreamRequest
 from adapters.content import arguments_object, assistant_texts, parse_data_url, unsupported_content
 from adapters.tools import function_tools
@@ -99,9 +111,9 @@ _OPENING = "."  # the user turn put before an assistant-first history (the API n
 def build_messages(req: UpstreamRequest) -> tuple[str, list[MessagesMessage]]:
     """(system text, messages with strictly alternating roles)."""
     system: list[str] = [req.instructions] if req.instructions else []
-    turns: list[tuple[Literal["user", "assistant"], list[dict[str, Any]]]] = []
+    turns: list[tuple[Literal["user", "assistant"], list[ContentBlock]]] = []
 
-    def add(role: Literal["user", "assistant"], blocks: list[dict[str, Any]]) -> None:
+    def add(role: Literal["user", "assistant"], blocks: list[ContentBlock]) -> None:
         if not blocks:
             return
         if turns and turns[-1][0] == role:
@@ -150,13 +162,13 @@ def _text_of(content: Any) -> str:
     return "\n".join(p.get("text") or "" for p in content or [] if "text" in p)
 
 
-def _assistant_blocks(content: Any) -> list[dict[str, Any]]:
+def _assistant_blocks(content: Any) -> list[ContentBlock]:
     # assistant_texts skips empty texts: the API rejects empty text blocks
     return [{"type": "text", "text": text} for text in assistant_texts(content)]
 
 
-def _user_blocks(content: Any) -> list[dict[str, Any]]:
-    blocks = []
+def _user_blocks(content: Any) -> list[ContentBlock]:
+    blocks: list[ContentBlock] = []
     for part in content or []:
         kind = part.get("type")
         if kind in ("input_text", "text", "output_text"):
@@ -171,7 +183,7 @@ def _user_blocks(content: Any) -> list[dict[str, Any]]:
     return blocks
 
 
-def _image(part: dict[str, Any]) -> dict[str, Any]:
+def _image(part: dict[str, Any]) -> ImageBlock:
     url = part.get("image_url") or ""
     if url.startswith("data:"):
         media_type, data = parse_data_url(url, "application/octet-stream")
@@ -184,10 +196,10 @@ def _image(part: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def _document(part: dict[str, Any]) -> dict[str, Any]:
+def _document(part: dict[str, Any]) -> DocumentBlock:
     url = part.get("file_url")
     data = part.get("file_data")
-    block: dict[str, Any]
+    block: DocumentBlock
     if data:
         if data.startswith("data:"):
             media_type, data = parse_data_url(data, "application/octet-stream")
@@ -221,25 +233,25 @@ def _b64decode(data: str) -> bytes:
         raise UpstreamRejected("file_data is not valid base64.", code=ErrorCode.INVALID_FILE_DATA) from None
 
 
-def _tool_use(item: dict[str, Any]) -> dict[str, Any]:
+def _tool_use(item: dict[str, Any]) -> ToolUseBlock:
     args = arguments_object(item.get("arguments"))
     return {"type": "tool_use", "id": item["call_id"], "name": item["name"], "input": args}
 
 
-def _tool_result(item: dict[str, Any]) -> dict[str, Any]:
+def _tool_result(item: dict[str, Any]) -> ToolResultBlock:
     output = item.get("output")
-    content: str | list[dict[str, Any]]
+    content: str | list[ContentBlock]
     if output is None or isinstance(output, str):
         content = output or ""
     else:
         content = _user_blocks(output)
-    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": item["call_id"]}
+    block: ToolResultBlock = {"type": "tool_result", "tool_use_id": item["call_id"]}
     if content:
         block["content"] = content
     return block
 
 
-def _thinking(item: dict[str, Any]) -> dict[str, Any] | None:
+def _thinking(item: dict[str, Any]) -> ThinkingBlock | RedactedThinkingBlock | None:
     signature = item.get("encrypted_content")
     if not signature:
         return None

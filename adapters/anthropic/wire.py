@@ -6,20 +6,83 @@ from __future__ import annotations
 from typing import Any, Literal, Required, TypedDict
 
 __all__ = [
+    "ContentBlock",
+    "DocumentBlock",
+    "ImageBlock",
     "MessagesMessage",
     "MessagesMetadata",
     "MessagesRequest",
     "MessagesThinking",
     "MessagesTool",
     "MessagesToolChoice",
+    "RedactedThinkingBlock",
+    "TextBlock",
+    "ThinkingBlock",
+    "ToolResultBlock",
+    "ToolUseBlock",
 ]
 
 
+class TextBlock(TypedDict):
+    type: Literal["text"]
+    text: str
+
+
+class ImageBlock(TypedDict):
+    """``source``: ``{"type": "base64", "media_type", "data"}`` or ``{"type": "url", "url"}``."""
+
+    type: Literal["image"]
+    source: dict[str, str]
+
+
+class DocumentBlock(TypedDict, total=False):
+    """``source``: base64 (PDF), text, or url; ``title`` is the file's name when it has one."""
+
+    type: Required[Literal["document"]]
+    source: Required[dict[str, str]]
+    title: str
+
+
+class ToolUseBlock(TypedDict):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class ToolResultBlock(TypedDict, total=False):
+    type: Required[Literal["tool_result"]]
+    tool_use_id: Required[str]
+    content: str | list[ContentBlock]
+
+
+class ThinkingBlock(TypedDict):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str
+
+
+class RedactedThinkingBlock(TypedDict):
+    type: Literal["redacted_thinking"]
+    data: str
+
+
+ContentBlock = (
+    TextBlock
+    | ImageBlock
+    | DocumentBlock
+    | ToolUseBlock
+    | ToolResultBlock
+    | ThinkingBlock
+    | RedactedThinkingBlock
+)
+
+
 class MessagesMessage(TypedDict):
-    """One turn; ``content`` is its blocks (text, image, document, tool_use, tool_result, thinking)."""
+    """One turn and its blocks."""
 
     role: Literal["user", "assistant"]
-    content: list[dict[str, Any]]
+    content: list[ContentBlock]
 
 
 class MessagesThinking(TypedDict):
