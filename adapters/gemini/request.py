@@ -18,9 +18,11 @@ from adapters.content import arguments_object, assistant_texts, parse_data_url, 
 from adapters.gemini.schema import to_gemini_schema
 from adapters.gemini.wire import (
     GeminiContent,
+    GeminiFunctionCall,
     GeminiFunctionCallingConfig,
     GeminiFunctionDeclaration,
     GeminiGenerationConfig,
+    GeminiPart,
     GeminiRequest,
     GeminiSamplingKey,
     GeminiThinkingConfig,
@@ -116,7 +118,7 @@ class _Contents:
         self.turns: list[GeminiContent] = []
         self.signature: str | None = None  # from a reasoning item, for the next model part
 
-    def add(self, role: Literal["user", "model"], parts: list[dict[str, Any]]) -> None:
+    def add(self, role: Literal["user", "model"], parts: list[GeminiPart]) -> None:
         if not parts:
             return
         if role == "model" and self.signature is not None:
@@ -154,7 +156,7 @@ def build_contents(req: UpstreamRequest) -> tuple[str, list[GeminiContent]]:
             else:
                 acc.add("user", _user_parts(item.get("content")))
         elif kind == "function_call":
-            call = {"name": item["name"], "args": arguments_object(item.get("arguments"))}
+            call: GeminiFunctionCall = {"name": item["name"], "args": arguments_object(item.get("arguments"))}
             acc.add("model", [{"functionCall": call}])
         elif kind == "function_call_output":
             acc.add("user", _function_response(item, names.get(item["call_id"], item["call_id"])))
@@ -165,12 +167,12 @@ def build_contents(req: UpstreamRequest) -> tuple[str, list[GeminiContent]]:
     return "\n\n".join(system), acc.turns
 
 
-def _model_parts(content: Any) -> list[dict[str, Any]]:
+def _model_parts(content: Any) -> list[GeminiPart]:
     return [{"text": text} for text in assistant_texts(content)]
 
 
-def _user_parts(content: Any) -> list[dict[str, Any]]:
-    parts: list[dict[str, Any]] = []
+def _user_parts(content: Any) -> list[GeminiPart]:
+    parts: list[GeminiPart] = []
     for part in content or []:
         kind = part.get("type")
         if kind in ("input_text", "text", "output_text"):
@@ -192,7 +194,7 @@ def _user_parts(content: Any) -> list[dict[str, Any]]:
     return parts
 
 
-def _media(url: str | None, filename: str | None, default_mime: str) -> dict[str, Any]:
+def _media(url: str | None, filename: str | None, default_mime: str) -> GeminiPart:
     if url and url.startswith("data:"):
         mime, data = parse_data_url(url, default_mime)
         return {"inlineData": {"mimeType": mime, "data": data}}
@@ -209,9 +211,9 @@ def _mime_of(name: str | None, default: str) -> str:
     return _MIME_BY_EXT.get(ext, default)
 
 
-def _function_response(item: dict[str, Any], name: str) -> list[dict[str, Any]]:
+def _function_response(item: dict[str, Any], name: str) -> list[GeminiPart]:
     output = item.get("output")
-    media: list[dict[str, Any]] = []
+    media: list[GeminiPart] = []
     if output is None or isinstance(output, str):
         text = output or ""
     else:

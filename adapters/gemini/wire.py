@@ -6,10 +6,15 @@ from __future__ import annotations
 from typing import Any, Literal, Required, TypedDict
 
 __all__ = [
+    "GeminiBlob",
     "GeminiContent",
+    "GeminiFileData",
+    "GeminiFunctionCall",
     "GeminiFunctionCallingConfig",
     "GeminiFunctionDeclaration",
+    "GeminiFunctionResponse",
     "GeminiGenerationConfig",
+    "GeminiPart",
     "GeminiRequest",
     "GeminiSamplingKey",
     "GeminiSystemInstruction",
@@ -21,12 +26,43 @@ __all__ = [
 GeminiSamplingKey = Literal["temperature", "topP", "presencePenalty", "frequencyPenalty"]
 
 
+class GeminiBlob(TypedDict):
+    mimeType: str
+    data: str
+
+
+class GeminiFileData(TypedDict):
+    mimeType: str
+    fileUri: str
+
+
+class GeminiFunctionCall(TypedDict):
+    name: str
+    args: dict[str, Any]
+
+
+class GeminiFunctionResponse(TypedDict):
+    name: str
+    response: dict[str, Any]
+
+
+class GeminiPart(TypedDict, total=False):
+    """One part: one of its data fields (the API's oneof); a model part may carry the
+    ``thoughtSignature`` of the reasoning before it."""
+
+    text: str
+    inlineData: GeminiBlob
+    fileData: GeminiFileData
+    functionCall: GeminiFunctionCall
+    functionResponse: GeminiFunctionResponse
+    thoughtSignature: str
+
+
 class GeminiContent(TypedDict):
-    """One turn; ``parts`` are text, inlineData, fileData, functionCall or functionResponse parts
-    (the model's may carry a ``thoughtSignature``)."""
+    """One turn."""
 
     role: Literal["user", "model"]
-    parts: list[dict[str, Any]]
+    parts: list[GeminiPart]
 
 
 class GeminiTextPart(TypedDict):
