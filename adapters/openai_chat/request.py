@@ -12,7 +12,10 @@ from typing import Any, Literal, get_args
 from adapters.base import UpstreamRequest
 from adapters.content import unsupported_content
 from adapters.openai_chat.wire import (
+    ChatContentPart,
+    ChatFile,
     ChatFunction,
+    ChatImageURL,
     ChatMessage,
     ChatRequest,
     ChatTool,
@@ -86,7 +89,7 @@ def build_messages(req: UpstreamRequest) -> list[ChatMessage]:
         out.append({"role": "system", "content": req.instructions})
     # Tool outputs may carry images, which a chat "tool" message cannot: they follow the run of
     # tool messages as one user message, so the tool messages stay adjacent to their call.
-    pending_images: list[dict[str, Any]] = []
+    pending_images: list[ChatContentPart] = []
     tool_calls_open: ChatMessage | None = None  # the assistant message that collects calls
     for item in req.items:
         kind = item.get("type", "message")
@@ -160,10 +163,10 @@ def _join_text(content: Any, *, refusals: bool = False) -> str:
     return "\n".join(texts)
 
 
-def _user_parts(content: Any) -> list[dict[str, Any]]:
+def _user_parts(content: Any) -> list[ChatContentPart]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
-    parts: list[dict[str, Any]] = []
+    parts: list[ChatContentPart] = []
     for part in content or []:
         t = part.get("type")
         if t in _TEXT_PARTS:
@@ -177,39 +180,39 @@ def _user_parts(content: Any) -> list[dict[str, Any]]:
     return parts
 
 
-def _image(part: dict[str, Any]) -> dict[str, Any]:
+def _image(part: dict[str, Any]) -> ChatContentPart:
     url = part.get("image_url")
     if not url:
         raise UpstreamRejected(
             "This model's provider needs images as a URL or data URL.", code=ErrorCode.UNSUPPORTED_CONTENT
         )
-    image: dict[str, Any] = {"url": url}
+    image: ChatImageURL = {"url": url}
     if part.get("detail"):
         image["detail"] = part["detail"]
     return {"type": "image_url", "image_url": image}
 
 
-def _file(part: dict[str, Any]) -> dict[str, Any]:
+def _file(part: dict[str, Any]) -> ChatContentPart:
     data = part.get("file_data")
     if not data:
         raise UpstreamRejected(
             "This model's provider accepts files only as inline file_data.",
             code=ErrorCode.UNSUPPORTED_CONTENT,
         )
-    file: dict[str, Any] = {"file_data": data}
+    file: ChatFile = {"file_data": data}
     if part.get("filename"):
         file["filename"] = part["filename"]
     return {"type": "file", "file": file}
 
 
-def _tool_output(output: Any) -> tuple[str, list[dict[str, Any]]]:
+def _tool_output(output: Any) -> tuple[str, list[ChatContentPart]]:
     """The text of a tool output, and its images/files (as user content parts)."""
     if output is None:
         return "", []
     if isinstance(output, str):
         return output, []
     texts: list[str] = []
-    media: list[dict[str, Any]] = []
+    media: list[ChatContentPart] = []
     for part in output:
         t = part.get("type")
         if t in _TEXT_PARTS:

@@ -7,7 +7,10 @@ from typing import Any, Literal, Required, TypedDict
 
 __all__ = [
     "ChatCallFunction",
+    "ChatContentPart",
+    "ChatFile",
     "ChatFunction",
+    "ChatImageURL",
     "ChatMessage",
     "ChatRequest",
     "ChatStreamOptions",
@@ -33,12 +36,31 @@ class ChatToolCall(TypedDict):
     function: ChatCallFunction
 
 
+class ChatImageURL(TypedDict, total=False):
+    url: Required[str]
+    detail: str
+
+
+class ChatFile(TypedDict, total=False):
+    file_data: Required[str]
+    filename: str
+
+
+class ChatContentPart(TypedDict, total=False):
+    """A user content part: ``text`` (with ``text``), ``image_url`` or ``file`` (with that field)."""
+
+    type: Required[Literal["text", "image_url", "file"]]
+    text: str
+    image_url: ChatImageURL
+    file: ChatFile
+
+
 class ChatMessage(TypedDict, total=False):
     """A chat message: ``content`` is text, user content parts (text, image_url, file), or None on
     an assistant message that only calls tools; ``tool_call_id`` names what a tool message answers."""
 
     role: Required[Literal["system", "user", "assistant", "tool"]]
-    content: Required[str | list[dict[str, Any]] | None]
+    content: Required[str | list[ChatContentPart] | None]
     tool_calls: list[ChatToolCall]
     tool_call_id: str
 
