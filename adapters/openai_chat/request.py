@@ -16,8 +16,10 @@ from adapters.openai_chat.wire import (
     ChatFile,
     ChatFunction,
     ChatImageURL,
+    ChatJSONSchema,
     ChatMessage,
     ChatRequest,
+    ChatResponseFormat,
     ChatTool,
     ChatToolCall,
     ChatToolChoice,
@@ -242,14 +244,14 @@ def build_tools(
     return out, (None if choice == "auto" else choice)
 
 
-def _response_format(text_format: dict[str, Any] | None) -> dict[str, Any] | None:
+def _response_format(text_format: dict[str, Any] | None) -> ChatResponseFormat | None:
     if not text_format:
         return None
     kind = text_format.get("type")
     if kind == "json_object":
         return {"type": "json_object"}
     if kind == "json_schema":
-        schema: dict[str, Any] = {"name": text_format.get("name") or "response"}
+        schema: ChatJSONSchema = {"name": text_format.get("name") or "response"}
         if text_format.get("description") is not None:
             schema["description"] = text_format["description"]
         schema["schema"] = text_format.get("schema") or {}

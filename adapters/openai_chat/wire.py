@@ -11,8 +11,10 @@ __all__ = [
     "ChatFile",
     "ChatFunction",
     "ChatImageURL",
+    "ChatJSONSchema",
     "ChatMessage",
     "ChatRequest",
+    "ChatResponseFormat",
     "ChatStreamOptions",
     "ChatTool",
     "ChatToolCall",
@@ -93,6 +95,20 @@ class ChatNamedToolChoice(TypedDict):
 ChatToolChoice = str | ChatNamedToolChoice  # "none" | "required" | one function
 
 
+class ChatJSONSchema(TypedDict, total=False):
+    name: Required[str]
+    description: str
+    schema: dict[str, Any]  # always set (after description, keeping the key order)
+    strict: bool
+
+
+class ChatResponseFormat(TypedDict, total=False):
+    """``json_object``, or ``json_schema`` with its ``json_schema``."""
+
+    type: Required[Literal["json_object", "json_schema"]]
+    json_schema: ChatJSONSchema
+
+
 class ChatStreamOptions(TypedDict):
     include_usage: bool
 
@@ -110,7 +126,7 @@ class ChatRequest(TypedDict, total=False):
     top_p: float
     presence_penalty: float
     frequency_penalty: float
-    response_format: dict[str, Any]
+    response_format: ChatResponseFormat
     logprobs: bool
     top_logprobs: int
     verbosity: str
