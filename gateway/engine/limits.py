@@ -49,7 +49,7 @@ from gateway.engine.telemetry import NOOP_OBSERVER, Observer
 from gateway.kernel.errors import QuotaExceeded, RateLimited, RateStanding, RateWindow, ServiceUnavailable
 from gateway.kernel.ids import new_id
 from gateway.kernel.settings import Settings, TenantSettings
-from state.limits.base import Check, CheckKind, Limiter, Outcome
+from state.limits.base import WINDOWED, Check, CheckKind, Limiter, Outcome
 from state.redis_lean import NotSent
 
 log = structlog.get_logger("gateway.engine.limits")
@@ -336,12 +336,12 @@ def _standing(checks: list[Check], out: Outcome) -> RateStanding | None:
     best: dict[CheckKind, RateWindow] = {}
     for i in range(len(out.used)):
         c = checks[i]
-        if c.kind in (CheckKind.REQUESTS, CheckKind.TOKENS):
+        if c.kind in WINDOWED:
             left = c.limit - out.used[i]
             have = best.get(c.kind)
             if have is None or left < have.remaining:
                 best[c.kind] = RateWindow(c.limit, left if left > 0 else 0, out.reset_ms[i])
-    if not best and not any(c.kind in (CheckKind.REQUESTS, CheckKind.TOKENS) for c in checks):
+    if not best and not any(c.kind in WINDOWED for c in checks):
         return None
     return RateStanding(best.get(CheckKind.REQUESTS), best.get(CheckKind.TOKENS))
 

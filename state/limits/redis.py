@@ -176,7 +176,7 @@ class RedisLimiter:
         self.topology = target if isinstance(target, Topology) else Topology(target)
         self._lean: LeanRedis | None = None
         self._client: Any = None
-        if self.topology.mode == "standalone" and not self.topology.url.startswith("rediss://"):
+        if self.topology.lean:
             self._lean = LeanRedis(self.topology.url, timeout_seconds)  # see state/redis_lean.py
             return
         from state.redis_client import Script, connect  # redis-py: imported only when used
