@@ -4,7 +4,9 @@
 tokens, 2 threads, no web UI), waits for ``/health``, and stops it; ``busy_slots()`` reads ``/slots``
 (which slots are generating: how a test sees that a cancelled request stopped upstream too).
 ``gateway_settings(port)`` routes one model per adapter to it: ``smol-chat`` (openai-chat, ``/v1``),
-``smol-responses`` (openai-responses, ``/v1``) and ``smol-anthropic`` (anthropic, the origin).
+``smol-responses`` (openai-responses, ``/v1``) and ``smol-anthropic`` (anthropic, the origin); each
+also as ``<model>-wide``, configured with a larger context window than the server has, and
+``smol-pair``, two deployments (openai-chat) of the one server.
 """
 
 from __future__ import annotations
@@ -80,6 +82,16 @@ class LlamaServer:
         slots = httpx.get(self.origin + "/slots", timeout=5).json()
         return sum(1 for slot in slots if slot.get("is_processing"))
 
+    def last_sampling(self) -> dict[str, Any]:
+        """The sampling parameters the server applied to the last task it ran (``/slots``)."""
+        slots = httpx.get(self.origin + "/slots", timeout=5).json()
+        latest = max(slots, key=lambda slot: slot.get("id_task", -1))
+        return dict(latest["params"])
+
+    def log_count(self, text: str) -> int:
+        """How many times the server's log says ``text`` (it logs each error it answers)."""
+        return self.log_tail(size=10**9).count(text)
+
     def __enter__(self) -> LlamaServer:
         return self.start()
 
@@ -94,8 +106,23 @@ def gateway_settings(server: LlamaServer, **extra: Any) -> dict[str, Any]:
         name: {"kind": kind, "base_url": server.origin + path, "api_key": "sk-llama"}
         for name, kind, path in ROUTES.values()
     }
-    models = {
+    providers["llama-chat-b"] = providers["llama-chat"]
+    models: dict[str, Any] = {
         model: {"provider": name, "upstream_model": "smollm2", "context_window": SLOT_CONTEXT}
         for model, (name, _, _) in ROUTES.items()
+    }
+    # the same routes with a context window the server does not have: what the upstream says of an
+    # overflow, not the gateway's own estimate, decides
+    for model, (name, _, _) in ROUTES.items():
+        models[f"{model}-wide"] = {
+            "provider": name,
+            "upstream_model": "smollm2",
+            "context_window": 8 * SLOT_CONTEXT,
+        }
+    # two deployments of one model (the same server twice): what a failure ejects
+    models["smol-pair"] = {
+        "deployments": [{"provider": "llama-chat"}, {"provider": "llama-chat-b"}],
+        "upstream_model": "smollm2",
+        "context_window": SLOT_CONTEXT,
     }
     return {"providers": providers, "models": models, **extra}
