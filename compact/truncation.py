@@ -22,10 +22,13 @@ log = structlog.get_logger("compact.truncation")
 __all__ = ["fit_context"]
 
 
-def fit_context(ctx: Context, route: Route, truncation: str, *, reserved: int = 0) -> Context:
+def fit_context(
+    ctx: Context, route: Route, truncation: str, *, reserved: int = 0, window: int | None = None
+) -> Context:
     """``ctx`` itself when it fits in ``route.context_window - reserved`` tokens; otherwise a new,
-    shorter Context (``"auto"``) or ContextLengthExceeded (``"disabled"``), before any upstream call."""
-    limit = route.context_window - reserved
+    shorter Context (``"auto"``) or ContextLengthExceeded (``"disabled"``), before any upstream call.
+    ``window``: a smaller window than the route's (the re-fit after an upstream's overflow)."""
+    limit = (route.context_window if window is None else window) - reserved
     if ctx.history_tokens is not None:  # a cached transcript: only the new items are counted
         total = ctx.history_tokens + estimate(ctx.new_items)
         if total <= limit:

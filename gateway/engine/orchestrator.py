@@ -35,8 +35,14 @@ from gateway.engine.telemetry import NOOP_OBSERVER, NOOP_TRACER, Observer, Trace
 from gateway.engine.turn import Turn, TurnResult, Warmup
 from gateway.engine.upstream import upstream_request
 from gateway.engine.usage import Meter
-from gateway.kernel.errors import ErrorCode, InvalidRequest, ServiceUnavailable
-from gateway.kernel.estimate import estimate
+from gateway.kernel.errors import (
+    ContextLengthExceeded,
+    ErrorCode,
+    InvalidRequest,
+    ServiceUnavailable,
+    UpstreamError,
+)
+from gateway.kernel.estimate import estimate, estimate_bytes, estimate_text
 from gateway.kernel.ids import response_id
 from gateway.kernel.settings import Settings
 from gateway.kernel.spec.request import CreateResponseBody
@@ -56,7 +62,49 @@ def _only(checks: list[Check], labels: list[str], *kinds: CheckKind) -> tuple[li
 
 
 class ContextFitter(Protocol):
-    def __call__(self, ctx: Context, route: Route, truncation: str, *, reserved: int = 0) -> Context: ...
+    def __call__(
+        self, ctx: Context, route: Route, truncation: str, *, reserved: int = 0, window: int | None = None
+    ) -> Context: ...
+
+
+# The share of the upstream's window a re-fit aims at: the estimate's error is not even across a
+# context, and the oldest items it drops may be denser or lighter than the average.
+REFIT_MARGIN = 0.9
+
+
+class Refit:
+    """``truncation: "auto"`` once more, after the upstream refused the context as too long
+    (``Turn``'s ``refit``): the window is cut by the upstream's count over the estimate, so that
+    what the upstream counted fits its window (``UpstreamError.context_limit``, else the route's).
+    None when the upstream gave no count or nothing more can be dropped: its error stands."""
+
+    __slots__ = ("fit", "observer", "reserved", "route")
+
+    def __init__(self, fit: ContextFitter, route: Route, reserved: int, observer: Observer) -> None:
+        self.fit, self.route, self.reserved, self.observer = fit, route, reserved, observer
+
+    def window(self, ctx: Context, exc: UpstreamError) -> int | None:
+        """The window, in the estimator's tokens, that the context must fit this time."""
+        reported = exc.prompt_tokens
+        estimated = ctx.estimated_tokens() + self.reserved
+        if not reported or estimated <= 0:
+            return None
+        limit = min(exc.context_limit or self.route.context_window, self.route.context_window)
+        window = int(limit * REFIT_MARGIN * estimated / reported)
+        return window if window < estimated else None
+
+    def __call__(self, ctx: Context, exc: UpstreamError) -> Context | None:
+        window = self.window(ctx, exc)
+        if window is None:
+            return None
+        try:
+            fitted = self.fit(ctx, self.route, "auto", reserved=self.reserved, window=window)
+        except ContextLengthExceeded:
+            return None
+        if fitted is ctx:
+            return None
+        self.observer.compaction("truncation")
+        return fitted
 
 
 class ContextCompactor(Protocol):
@@ -197,7 +245,9 @@ class Gateway:
             calls = 2 if body.context_management and not warmup else 1
             await self.store_health.reserve(pending, route.total_seconds * calls)
         # instructions and tool schemas take room in the window too
-        reserved = (len(body.instructions or "") + len(orjson.dumps(echoes.tools))) // 4
+        reserved = estimate_text(body.instructions)
+        if echoes.tools:
+            reserved += estimate_bytes(orjson.dumps(echoes.tools))
         # The tenancy limits, last before the upstream call (a refusal costs nothing upstream), or
         # before a compaction's summarizing call (``admit``, which the compactor calls with the
         # estimate of the compacted context): a refused request spends no summary.
@@ -255,6 +305,8 @@ class Gateway:
                 affinity,
             )
             turn.compaction = compaction
+            if self.fit_context is not None and body.truncation == "auto" and not warmup:
+                turn.refit = Refit(self.fit_context, route, reserved, self.observer)
         except BaseException:  # no turn will end what was taken for it: nothing was sent upstream
             if held is not None:
                 await self.limits.settle_soon(held, 0)

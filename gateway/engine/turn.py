@@ -2,9 +2,10 @@
 
 ``Turn.run(emit)`` opens the upstream call and waits for its first delta, retrying and falling
 back along the route (on retryable failures, before any output), so that a failure before the first
-event raises an ordinary ``GatewayError`` and nothing was emitted. Otherwise every spec event goes
-to ``emit`` (SSE frames, WebSocket messages; nothing for a JSON answer, which reads the result),
-ending with exactly one terminal event.
+event raises an ordinary ``GatewayError`` and nothing was emitted. An upstream that refuses the
+context as too long gets it once more, shorter, when the turn has a ``refit`` (truncation "auto").
+Otherwise every spec event goes to ``emit`` (SSE frames, WebSocket messages; nothing for a JSON
+answer, which reads the result), ending with exactly one terminal event.
 
 The end-of-turn hooks run exactly once per turn, whatever its outcome (completed, incomplete,
 failed before or after its first event, cancelled because the client left), in the order they
@@ -165,6 +166,7 @@ class Turn:
         "max_events",
         "observer",
         "rate_standing",
+        "refit",
         "request",
         "result",
         "tracer",
@@ -212,6 +214,9 @@ class Turn:
         self._task: asyncio.Task[Any] | None = None
         # the admission's per-minute figures (gateway/engine/limits.py): the transport's x-ratelimit-*
         self.rate_standing: RateStanding | None = None
+        # truncation "auto": a shorter context after the upstream's context overflow, or None
+        # (orchestrator.py ``Refit``); used once, then dropped
+        self.refit: Callable[[Context, UpstreamError], Context | None] | None = None
 
     @property
     def route(self) -> Route:
@@ -348,8 +353,10 @@ class Turn:
             balancer = route.deployment_balancer
             tried: set[int] = set()
             index = balancer.pick(self.affinity)
-            for number in range(route.tries):
+            tries, number = route.tries, 0
+            while number < tries:
                 call = self._try(route, index, number, route is not primary)
+                number += 1
                 stream = call.deployment.adapter.stream(call.request)
                 try:
                     self._first = await anext(stream)
@@ -359,10 +366,13 @@ class Turn:
                     await _close(stream)
                     call.failed(exc, self.result.request_id)
                     last = exc
+                    if self._refitted(exc, deadline):
+                        tries += 1  # the same deployment again, at once: a try of its own
+                        continue
                     if not exc.retryable:
                         raise
                     tried.add(index)
-                    if number + 1 < route.tries:
+                    if number < tries:
                         index = balancer.pick(self.affinity, tried)
                         await self._before_retry(call, exc, index in tried, deadline)
                     continue
@@ -390,6 +400,29 @@ class Turn:
             )
         assert last is not None
         raise last
+
+    def _refitted(self, exc: UpstreamError, deadline: float) -> bool:
+        """The upstream refused the context as too long and ``refit`` (truncation "auto") made it
+        shorter: the request now carries the shorter context. Once per turn, within ``deadline``."""
+        refit = self.refit
+        if refit is None or exc.code != ErrorCode.CONTEXT_LENGTH_EXCEEDED or time.monotonic() >= deadline:
+            return False
+        self.refit = None
+        before = self.result.context
+        fitted = refit(before, exc)
+        if fitted is None:
+            return False
+        self.result.context = fitted
+        self.request = dataclasses.replace(self.request, items=fitted.transcript)
+        log.info(
+            "context_refitted",
+            request_id=self.result.request_id,
+            reported=exc.prompt_tokens,
+            limit=exc.context_limit,
+            items_before=len(before.transcript),
+            items_after=len(fitted.transcript),
+        )
+        return True
 
     def _try(self, route: Route, index: int, number: int, fallback: bool) -> UpstreamCall:
         """Start try ``number`` on the route's deployment ``index``: the request as that deployment

@@ -285,7 +285,10 @@ class ServiceUnavailable(GatewayError):
 
 class UpstreamError(GatewayError):
     """The provider failed. ``retryable`` marks failures worth a retry or a fallback model
-    (429, 5xx, timeouts, connection errors) when no output has reached the client yet."""
+    (429, 5xx, timeouts, connection errors) when no output has reached the client yet. A context
+    overflow (code ``context_length_exceeded``) carries what the provider reported, when it did:
+    ``prompt_tokens``, the request's size in its tokens, and ``context_limit``, the most its
+    prompt may take (its window, less the completion's share when it counts one)."""
 
     type = "server_error"
     code = ErrorCode.UPSTREAM_ERROR
@@ -297,12 +300,16 @@ class UpstreamError(GatewayError):
         retryable: bool = False,
         retry_after: float | None = None,
         upstream_status: int | None = None,
+        prompt_tokens: int | None = None,
+        context_limit: int | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(message, **kw)
         self.retryable = retryable
         self.retry_after = retry_after
         self.upstream_status = upstream_status
+        self.prompt_tokens = prompt_tokens
+        self.context_limit = context_limit
 
 
 class UpstreamTimeout(UpstreamError):

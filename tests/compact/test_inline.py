@@ -21,7 +21,7 @@ from tests.helpers import sse_events
 from tests.schema import assert_schema
 from tests.ws.helpers import assert_clean_turn, create, read_turn, run_turn, ws_connect
 
-CM = [{"type": "compaction", "compact_threshold": 100}]  # conversation(6) + a question is ~135 tokens
+CM = [{"type": "compaction", "compact_threshold": 110}]  # conversation(6) + a question is ~154 tokens
 
 
 def long_input() -> list[dict[str, Any]]:

@@ -73,7 +73,7 @@ def verbatim_tokens(p: strategy.Plan) -> int:
 
 def test_the_sizing_helpers_mean_what_they_say() -> None:
     assert estimate_item(sized("user", 100, "a")) == 100 and estimate_item(result("c", 7_000)) == 7_000
-    assert estimate_item(call("c")) == 5  # "f" + "{}" is one token, plus the item overhead
+    assert estimate_item(call("c")) == 6  # "f" + "{}": 1/4 + 2 x 3/4, two tokens, plus the item overhead
 
 
 def test_everything_that_fits_is_kept_and_nothing_summarized() -> None:
@@ -131,9 +131,9 @@ def test_one_giant_tool_result_goes_to_the_summary_with_its_call() -> None:
 def test_a_call_and_output_straddling_the_budget_are_summarized_together() -> None:
     items = [sized("user", 30, "u"), call("c1"), result("c1", 300), sized("assistant", 100, "a")]
     # room for the output and the message, not for the call: neither half of the pair is kept
-    p = plan(items, 400 + 4)
+    p = plan(items, 400 + estimate_item(call("c1")) - 1)
     assert ids(p.recent) == ["msg_a"] and ids(p.older) == ["msg_u", "fc_c1", "fco_c1"]
-    p = plan(items, 405)  # now the call fits too
+    p = plan(items, 400 + estimate_item(call("c1")))  # now the call fits too
     assert ids(p.recent) == ["fc_c1", "fco_c1", "msg_a"] and ids(p.older) == ["msg_u"]
 
 

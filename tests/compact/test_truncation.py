@@ -21,7 +21,6 @@ from gateway.kernel.estimate import (
     ITEM_OVERHEAD,
     estimate,
     estimate_item,
-    estimate_text,
 )
 
 Item = dict[str, Any]
@@ -47,12 +46,6 @@ def call(cid: str, args: str = "{}") -> Item:
 
 def out(cid: str, text: str = "ok") -> Item:
     return {"type": "function_call_output", "id": f"fco_{cid}", "call_id": cid, "output": text}
-
-
-def test_estimate_text_is_utf8_bytes_over_four() -> None:
-    assert estimate_text(None) == 0 and estimate_text("") == 0
-    assert estimate_text("abcd") == 1 and estimate_text("abcde") == 2
-    assert estimate_text("日本語") == 3  # 9 bytes: CJK counts about one token per character
 
 
 def test_estimate_item_counts_text_not_ids_or_types() -> None:
