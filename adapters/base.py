@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from adapters.deltas import Delta
 
@@ -39,6 +39,8 @@ class UpstreamRequest:
     tools: list[dict[str, Any]] = field(default_factory=list)
     tool_choice: str | dict[str, Any] = "auto"
     max_output_tokens: int | None = None
+    # The sampling the response states (the client's or the spec's 1.0): sent as is, or, where the
+    # provider cannot take it, replaced by what the adapter applies (``Applies``).
     temperature: float | None = None
     top_p: float | None = None
     presence_penalty: float | None = None
@@ -83,3 +85,13 @@ class Adapter(Protocol):
     def stream(self, request: UpstreamRequest) -> AsyncIterator[Delta]: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class Applies(Protocol):
+    """An adapter whose provider does not apply every value the response states (its sampling,
+    its ``top_logprobs``): :meth:`applied` names the resource fields it applies otherwise, with
+    what it applies (the turn corrects the resource before ``response.created``). An adapter
+    without it applies the request as stated."""
+
+    def applied(self, request: UpstreamRequest) -> dict[str, Any]: ...

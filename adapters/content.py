@@ -12,7 +12,15 @@ import orjson
 
 from gateway.kernel.errors import ErrorCode, UpstreamRejected
 
-__all__ = ["arguments_object", "assistant_texts", "parse_data_url", "unsupported_content"]
+__all__ = [
+    "LOGPROBS_INCLUDE",
+    "arguments_object",
+    "assistant_texts",
+    "parse_data_url",
+    "unsupported_content",
+]
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"  # the include that asks for token logprobs
 
 
 def unsupported_content(kind: Any) -> UpstreamRejected:

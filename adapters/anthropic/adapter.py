@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from adapters.anthropic.request import build_body
+from adapters.anthropic.request import applied, build_body
 from adapters.anthropic.stream import MessagesStreamTranslator
 from adapters.anthropic.wire import MessagesRequest
 from adapters.base import UpstreamRequest
@@ -28,7 +28,12 @@ class AnthropicAdapter(HTTPStreamAdapter[MessagesStreamTranslator]):
         return headers
 
     def body(self, request: UpstreamRequest) -> MessagesRequest:
-        return build_body(request, default_max_tokens=self.settings.default_max_tokens)
+        settings = self.settings
+        caching = settings.prompt_caching == "auto"
+        return build_body(request, default_max_tokens=settings.default_max_tokens, caching=caching)
+
+    def applied(self, request: UpstreamRequest) -> dict[str, Any]:
+        return applied(request, default_max_tokens=self.settings.default_max_tokens)
 
     def translator(self) -> MessagesStreamTranslator:
         return MessagesStreamTranslator()

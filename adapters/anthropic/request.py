@@ -20,6 +20,7 @@ from adapters.anthropic.wire import (
     ImageBlock,
     MessagesMessage,
     MessagesRequest,
+    MessagesSampling,
     MessagesTool,
     MessagesToolChoice,
     RedactedThinkingBlock,
@@ -33,7 +34,16 @@ from adapters.tools import function_tools
 from gateway.kernel.errors import ErrorCode, UpstreamRejected
 from gateway.kernel.tool_choice import parse_tool_choice
 
-__all__ = ["REDACTED_PREFIX", "build_body", "build_messages", "build_tools", "thinking_budget"]
+__all__ = [
+    "REDACTED_PREFIX",
+    "applied",
+    "build_body",
+    "build_messages",
+    "build_tools",
+    "mark_breakpoints",
+    "sampling",
+    "thinking_budget",
+]
 
 REDACTED_PREFIX = "redacted_thinking:"  # marks encrypted_content that holds a redacted_thinking block
 _EFFORT_BUDGET = {"minimal": 1024, "low": 2048, "medium": 8192, "high": 24576, "xhigh": 32768}
@@ -41,8 +51,9 @@ _MIN_BUDGET = 1024  # the API's minimum thinking budget
 _DOC_TYPES = {"application/pdf": "base64", "text/plain": "text"}
 
 
-def build_body(req: UpstreamRequest, *, default_max_tokens: int) -> MessagesRequest:
-    """The ``POST /v1/messages`` body for ``req`` (streamed unless ``req.stream`` is False)."""
+def build_body(req: UpstreamRequest, *, default_max_tokens: int, caching: bool = False) -> MessagesRequest:
+    """The ``POST /v1/messages`` body for ``req`` (streamed unless ``req.stream`` is False);
+    ``caching``: with prompt-cache breakpoints (:func:`mark_breakpoints`)."""
     system, messages = build_messages(req)
     max_tokens = req.max_output_tokens or default_max_tokens
     body: MessagesRequest = {"model": req.model, "max_tokens": max_tokens, "messages": messages}
@@ -51,9 +62,7 @@ def build_body(req: UpstreamRequest, *, default_max_tokens: int) -> MessagesRequ
         system = f"{system}\n\n{hint}" if system else hint
     if system:
         body["system"] = system
-    budget = thinking_budget(req.reasoning, max_tokens)
-    if budget is not None and _unsigned_tool_turn(messages):
-        budget = None  # the API refuses thinking when the tool-use turn lacks its thinking block
+    budget = _budget(req, max_tokens, messages)
     if budget is not None:
         body["thinking"] = {"type": "enabled", "budget_tokens": budget}
     tools, choice = build_tools(req, thinking=budget is not None)
@@ -61,17 +70,75 @@ def build_body(req: UpstreamRequest, *, default_max_tokens: int) -> MessagesRequ
         body["tools"] = tools
         if choice is not None:
             body["tool_choice"] = choice
-    # Thinking requires the default sampling; newer models also refuse temperature with top_p.
-    if budget is None:
-        if req.temperature is not None:
-            body["temperature"] = min(max(req.temperature, 0.0), 1.0)
-        elif req.top_p is not None:
-            body["top_p"] = req.top_p
+    sent = sampling(req, thinking=budget is not None)
+    if "temperature" in sent:
+        body["temperature"] = sent["temperature"]
+    if "top_p" in sent:
+        body["top_p"] = sent["top_p"]
     if req.safety_identifier:
         body["metadata"] = {"user_id": req.safety_identifier}
     if req.stream:
         body["stream"] = True
+    if caching:
+        mark_breakpoints(body)
     return body
+
+
+# -- prompt caching ---------------------------------------------------------------------------
+MAX_BREAKPOINTS = 4  # the API refuses a request with more cache_control blocks
+_UNMARKABLE = frozenset({"thinking", "redacted_thinking"})  # the API refuses cache_control on them
+
+
+def mark_breakpoints(body: MessagesRequest) -> None:
+    """Mark the cacheable prefixes with ``cache_control`` breakpoints, as the API caches only
+    what is marked: the last tool (the tool definitions), the system prompt (the tools and it),
+    and the last block of the turn before the newest one (the whole conversation so far, which
+    the next request reads back). The API caches in this order, tools, then system, then
+    messages; a prefix shorter than the model's minimum (1024 tokens for most) is not cached,
+    and costs nothing more. Three breakpoints, within the API's four; the body carries none
+    before (no client field reaches a block's ``cache_control``)."""
+    tools = body.get("tools")
+    if tools:
+        tools[-1]["cache_control"] = {"type": "ephemeral"}
+    system = body.get("system")
+    if isinstance(system, str) and system:
+        body["system"] = [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}]
+    messages = body["messages"]
+    if len(messages) >= 2:
+        blocks = messages[-2]["content"]
+        block = next((b for b in reversed(blocks) if b["type"] not in _UNMARKABLE), None)
+        if block is not None:
+            block["cache_control"] = {"type": "ephemeral"}
+
+
+def _budget(req: UpstreamRequest, max_tokens: int, messages: list[MessagesMessage] | None) -> int | None:
+    """The thinking budget the body gets (``messages``: the body's, built when None)."""
+    budget = thinking_budget(req.reasoning, max_tokens)
+    if budget is not None and _unsigned_tool_turn(build_messages(req)[1] if messages is None else messages):
+        budget = None  # the API refuses thinking when the tool-use turn lacks its thinking block
+    return budget
+
+
+def sampling(req: UpstreamRequest, *, thinking: bool) -> MessagesSampling:
+    """The sampling fields sent. The API's defaults are the resource's (temperature 1.0, no
+    nucleus: top_p 1.0), so a default is not sent. Thinking takes the default sampling only;
+    newer models refuse temperature with top_p (temperature wins); temperature is 0..1 (clamped)."""
+    if thinking:
+        return {}
+    temperature = 1.0 if req.temperature is None else min(max(req.temperature, 0.0), 1.0)
+    if temperature != 1.0:
+        return {"temperature": temperature}
+    if req.top_p is not None and req.top_p != 1.0:
+        return {"top_p": req.top_p}
+    return {}
+
+
+def applied(req: UpstreamRequest, *, default_max_tokens: int) -> dict[str, Any]:
+    """The resource's sampling fields as :func:`build_body` applies them, and ``top_logprobs`` 0:
+    Messages returns no log probabilities."""
+    budget = _budget(req, req.max_output_tokens or default_max_tokens, None)
+    sent = sampling(req, thinking=budget is not None)
+    return {"temperature": sent.get("temperature", 1.0), "top_p": sent.get("top_p", 1.0), "top_logprobs": 0}
 
 
 def _unsigned_tool_turn(messages: list[MessagesMessage]) -> bool:

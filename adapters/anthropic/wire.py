@@ -3,15 +3,17 @@ it: types only (plain dicts at runtime)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, Required, TypedDict
+from typing import Any, Literal, NotRequired, Required, TypedDict
 
 __all__ = [
+    "CacheControl",
     "ContentBlock",
     "DocumentBlock",
     "ImageBlock",
     "MessagesMessage",
     "MessagesMetadata",
     "MessagesRequest",
+    "MessagesSampling",
     "MessagesThinking",
     "MessagesTool",
     "MessagesToolChoice",
@@ -23,9 +25,16 @@ __all__ = [
 ]
 
 
+class CacheControl(TypedDict):
+    """A prompt-cache breakpoint: the prefix up to and including the block it marks is cached."""
+
+    type: Literal["ephemeral"]
+
+
 class TextBlock(TypedDict):
     type: Literal["text"]
     text: str
+    cache_control: NotRequired[CacheControl]
 
 
 class ImageBlock(TypedDict):
@@ -33,6 +42,7 @@ class ImageBlock(TypedDict):
 
     type: Literal["image"]
     source: dict[str, str]
+    cache_control: NotRequired[CacheControl]
 
 
 class DocumentBlock(TypedDict, total=False):
@@ -41,6 +51,7 @@ class DocumentBlock(TypedDict, total=False):
     type: Required[Literal["document"]]
     source: Required[dict[str, str]]
     title: str
+    cache_control: CacheControl
 
 
 class ToolUseBlock(TypedDict):
@@ -48,12 +59,14 @@ class ToolUseBlock(TypedDict):
     id: str
     name: str
     input: dict[str, Any]
+    cache_control: NotRequired[CacheControl]
 
 
 class ToolResultBlock(TypedDict, total=False):
     type: Required[Literal["tool_result"]]
     tool_use_id: Required[str]
     content: str | list[ContentBlock]
+    cache_control: CacheControl
 
 
 class ThinkingBlock(TypedDict):
@@ -94,6 +107,7 @@ class MessagesTool(TypedDict, total=False):
     name: Required[str]
     input_schema: Required[dict[str, Any]]
     description: str
+    cache_control: CacheControl
 
 
 class MessagesToolChoice(TypedDict, total=False):
@@ -108,13 +122,18 @@ class MessagesMetadata(TypedDict):
     user_id: str
 
 
+class MessagesSampling(TypedDict, total=False):
+    temperature: float
+    top_p: float
+
+
 class MessagesRequest(TypedDict, total=False):
     """The ``POST /v1/messages`` body; ``model``, ``max_tokens`` and ``messages`` are always set."""
 
     model: Required[str]
     max_tokens: Required[int]
     messages: Required[list[MessagesMessage]]
-    system: str
+    system: str | list[TextBlock]  # blocks when a cache breakpoint marks it
     thinking: MessagesThinking
     tools: list[MessagesTool]
     tool_choice: MessagesToolChoice

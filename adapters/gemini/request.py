@@ -14,7 +14,13 @@ from urllib.parse import quote
 import orjson
 
 from adapters.base import UpstreamRequest
-from adapters.content import arguments_object, assistant_texts, parse_data_url, unsupported_content
+from adapters.content import (
+    LOGPROBS_INCLUDE,
+    arguments_object,
+    assistant_texts,
+    parse_data_url,
+    unsupported_content,
+)
 from adapters.gemini.schema import to_gemini_schema
 from adapters.gemini.wire import (
     GeminiContent,
@@ -103,7 +109,7 @@ def _generation_config(req: UpstreamRequest) -> GeminiGenerationConfig:
         thinking["includeThoughts"] = True
     if thinking:
         out["thinkingConfig"] = thinking
-    if req.top_logprobs is not None or "message.output_text.logprobs" in req.include:
+    if req.top_logprobs is not None or LOGPROBS_INCLUDE in req.include:
         out["responseLogprobs"] = True
         if req.top_logprobs:
             out["logprobs"] = req.top_logprobs

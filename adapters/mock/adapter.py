@@ -87,6 +87,10 @@ class MockAdapter:
     def __init__(self, settings: ProviderSettings | None = None) -> None:
         self.chunk = settings.chunk_chars if settings else 4
 
+    def applied(self, request: UpstreamRequest) -> dict[str, Any]:
+        """The mock samples nothing, but it returns no log probabilities either."""
+        return {"top_logprobs": 0}
+
     def _pieces(self, text: str) -> list[str]:
         n = self.chunk
         return [text[i : i + n] for i in range(0, len(text), n)] or [""]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Literal, get_args
 
 from adapters.base import UpstreamRequest
-from adapters.content import unsupported_content
+from adapters.content import LOGPROBS_INCLUDE, unsupported_content
 from adapters.openai_chat.wire import (
     ChatContentPart,
     ChatFile,
@@ -39,7 +39,6 @@ _ROLES: dict[str, Literal["user", "assistant", "system"]] = {
     "system": "system",
     "developer": "system",
 }
-LOGPROBS_INCLUDE = "message.output_text.logprobs"  # the include that asks for token logprobs
 _FUNCTION_KEYS: tuple[Literal["description", "parameters", "strict"], ...] = (
     "description",
     "parameters",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, get_args
 
 from adapters.base import UpstreamRequest
+from adapters.content import LOGPROBS_INCLUDE
 from adapters.openai_responses.wire import (
     PassThroughKey,
     ResponsesInputItem,
@@ -24,6 +25,9 @@ __all__ = ["ENCRYPTED_INCLUDE", "build_body", "build_input", "unwrap_encrypted",
 ENCRYPTED_INCLUDE = "reasoning.encrypted_content"
 _WRAP = "orgw1:"  # marks encrypted_content that carries the upstream reasoning item id
 _PASS_THROUGH: tuple[PassThroughKey, ...] = get_args(PassThroughKey)
+# The Responses API's own defaults, the ones the resource states: not sent (OpenAI's reasoning models
+# refuse a temperature parameter, whatever its value), the upstream applies them anyway.
+_DEFAULT_ONE = frozenset({"temperature", "top_p"})
 
 
 def wrap_encrypted(item_id: str | None, encrypted: str) -> str:
@@ -58,7 +62,7 @@ def build_body(req: UpstreamRequest) -> ResponsesRequest:
             body["tool_choice"] = req.tool_choice
     for name in _PASS_THROUGH:
         value = getattr(req, name)
-        if value is not None:
+        if value is not None and not (name in _DEFAULT_ONE and value == 1.0):
             body[name] = value
     text: ResponsesText = {}
     if req.text_format is not None:
@@ -70,6 +74,8 @@ def build_body(req: UpstreamRequest) -> ResponsesRequest:
     if req.reasoning:
         body["reasoning"] = {k: v for k, v in req.reasoning.items() if v is not None}
     include = list(req.include)
+    if req.top_logprobs and LOGPROBS_INCLUDE not in include:
+        include.append(LOGPROBS_INCLUDE)  # OpenAI returns logprobs only when included
     # Without the store, reasoning only survives the next turn as encrypted_content.
     if ENCRYPTED_INCLUDE not in include and (
         req.reasoning or any(i.get("type") == "reasoning" for i in req.items)

@@ -72,10 +72,21 @@ class Echoes:
     tools: list[dict[str, Any]]
     tool_choice: str | dict[str, Any]
     text: dict[str, Any]
+    # The sampling the resource states: the client's, else the spec's default (1.0). The upstream
+    # request carries the same numbers, and each adapter sends them (or, where its provider cannot
+    # take one, says what it applies instead: ``adapters.base.Applies``).
+    temperature: float = 1.0
+    top_p: float = 1.0
 
     @classmethod
     def of(cls, body: CreateResponseBody) -> Echoes:
-        return cls(tools=tools_echo(body), tool_choice=tool_choice_echo(body), text=text_echo(body))
+        return cls(
+            tools=tools_echo(body),
+            tool_choice=tool_choice_echo(body),
+            text=text_echo(body),
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+        )
 
 
 def new_resource(
@@ -101,8 +112,8 @@ def new_resource(
         "truncation": body.truncation or "disabled",
         "parallel_tool_calls": True if body.parallel_tool_calls is None else body.parallel_tool_calls,
         "text": echoes.text,
-        "top_p": 1.0 if body.top_p is None else body.top_p,
-        "temperature": 1.0 if body.temperature is None else body.temperature,
+        "top_p": echoes.top_p,
+        "temperature": echoes.temperature,
         "presence_penalty": 0.0 if body.presence_penalty is None else body.presence_penalty,
         "frequency_penalty": 0.0 if body.frequency_penalty is None else body.frequency_penalty,
         "top_logprobs": body.top_logprobs or 0,

@@ -33,7 +33,7 @@ from typing import Any
 
 import structlog
 
-from adapters.base import UpstreamRequest
+from adapters.base import Applies, UpstreamRequest
 from adapters.deltas import Delta, Finish, ItemDone, TextDelta, ToolCallArgsDelta, ToolCallStart, Usage
 from gateway.engine.balance import Lease
 from gateway.engine.builder import ResponseBuilder
@@ -382,6 +382,9 @@ class Turn:
                     raise
                 call.lease.opened()
                 self._stream, self._call = stream, call
+                adapter = call.deployment.adapter
+                if isinstance(adapter, Applies):  # the resource states what was applied
+                    self.builder.resource.update(adapter.applied(call.request))
                 if call.request.stream:
                     self.observer.first_token(primary, call.deployment, time.perf_counter() - began)
                 if route is not primary:

@@ -218,6 +218,27 @@ def test_thinking_budget_and_its_constraints() -> None:
     assert "temperature" not in body and "tool_choice" not in body  # only auto works with thinking
 
 
+def test_cache_breakpoints_skip_thinking_and_stay_within_four() -> None:
+    signed = {"type": "reasoning", "summary": [], "encrypted_content": "SIG"}
+    items = [user("q"), signed, call("t1"), output("t1")]  # the tool turn answered: the newest turn
+    caching: dict[str, Any] = {"default_max_tokens": 8000, "caching": True}
+    body = build_body(req(items, instructions="sys", tools=TOOLS, reasoning={"effort": "low"}), **caching)
+    assert body["tools"][-1]["cache_control"] == {"type": "ephemeral"}
+    assert "cache_control" not in body["tools"][0]
+    assert body["system"] == [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}]
+    # the turn before the newest (thinking, then the call): its last block
+    prior = body["messages"][-2]["content"]
+    assert [b["type"] for b in prior] == ["thinking", "tool_use"]
+    marks = [b for m in body["messages"] for b in m["content"] if "cache_control" in b]
+    assert len(marks) == 1 and marks[0] is body["messages"][-2]["content"][-1]
+    # an assistant turn of thinking alone is not marked (the API refuses it)
+    only = build_body(req([user("q"), signed, user("again")]), **caching)
+    assert not any("cache_control" in b for m in only["messages"] for b in m["content"])
+    # off: the body as before
+    plain = build_body(req(items, instructions="sys", tools=TOOLS), default_max_tokens=8000)
+    assert plain["system"] == "sys" and "cache_control" not in str(plain)
+
+
 def test_thinking_is_off_when_the_tool_turn_lost_its_thinking_block() -> None:
     items = [user("q"), call("t1"), output("t1")]
     assert "thinking" not in build_body(req(items, reasoning={"effort": "low"}), default_max_tokens=8000)
@@ -232,7 +253,8 @@ def test_thinking_is_off_when_the_tool_turn_lost_its_thinking_block() -> None:
 def test_json_format_is_asked_for_in_system() -> None:
     fmt = {"type": "json_schema", "name": "x", "schema": {"type": "object"}, "strict": True}
     body = build_body(req(instructions="be nice", text_format=fmt), default_max_tokens=10)
-    assert body["system"].startswith("be nice\n\n") and '{"type":"object"}' in body["system"]
+    system = body["system"]
+    assert isinstance(system, str) and system.startswith("be nice\n\n") and '{"type":"object"}' in system
 
 
 # == stream translation: recorded streams (Messages API reference, "Streaming Messages") =======
@@ -475,7 +497,9 @@ async def test_headers_path_and_body(fake: FakeAnthropic, adapter: AnthropicAdap
     assert rec.path == "/v1/messages"
     assert rec.headers["x-api-key"] == SECRET and rec.headers["anthropic-version"] == "2023-06-01"
     assert "authorization" not in rec.headers
-    assert rec.body["max_tokens"] == 321 and rec.body["system"] == "sys" and rec.body["stream"] is True
+    assert rec.body["max_tokens"] == 321 and rec.body["stream"] is True
+    # prompt_caching: auto (the default) marks the system prompt as a cache breakpoint
+    assert rec.body["system"] == [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}]
 
 
 @pytest.mark.parametrize("split", [1, 3, None])

@@ -9,12 +9,17 @@ loopback that speaks the documented event stream (``message_start``, ``content_b
 Like the real API it refuses requests without ``x-api-key`` / ``anthropic-version`` or
 ``max_tokens``, non-alternating roles, empty text blocks, ``tool_use`` blocks not answered by
 ``tool_result`` blocks at the start of the next user turn, and thinking blocks without a
-signature. ``python -m tests.fakes.anthropic --port 9102`` serves it standalone.
+signature, and more than 4 ``cache_control`` breakpoints. Its prompt cache
+(:class:`PromptCache`) accounts for the breakpoints as the API does: ``cache_read_input_tokens``
+for a prefix an earlier request marked, ``cache_creation_input_tokens`` for the rest up to the last
+breakpoint. ``python -m tests.fakes.anthropic --port 9102`` serves it standalone.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -38,8 +43,73 @@ _BLOCKS = {
 }
 
 
+class PromptCache:
+    """Anthropic's prompt cache as the API documents it. A request is read as its blocks in the
+    order the API caches them (tools, system, then each message's blocks); a block marked with
+    ``cache_control`` writes the prefix up to it. At each breakpoint the cache looks back up to
+    20 blocks for the longest prefix an earlier request wrote (a hit: read); what lies between
+    that and the last breakpoint is written. Prefixes depend on the model and every byte of the
+    blocks before (their ``cache_control`` aside). Tokens: a block's JSON bytes / 4. No minimum
+    length, no expiry."""
+
+    LOOKBACK = 20
+
+    def __init__(self) -> None:
+        self.entries: set[bytes] = set()
+
+    def account(self, body: dict[str, Any]) -> tuple[int, int, int] | None:
+        """(uncached input tokens, cache read, cache creation), or None: no breakpoint."""
+        blocks = list(_cache_blocks(body))
+        marks = [n for n, b in enumerate(blocks) if "cache_control" in b]
+        if not marks:
+            return None
+        running = hashlib.sha256(str(body.get("model")).encode())
+        keys: list[bytes] = []
+        sizes: list[int] = []  # tokens up to and including each block
+        for block in blocks:
+            data = orjson.dumps({k: v for k, v in block.items() if k != "cache_control"})
+            running.update(data)
+            keys.append(running.copy().digest())
+            sizes.append((sizes[-1] if sizes else 0) + max(1, len(data) // 4))
+        hit = -1
+        for mark in marks:
+            for n in range(mark, max(mark - self.LOOKBACK, -1), -1):
+                if keys[n] in self.entries:
+                    hit = max(hit, n)
+                    break
+        last = marks[-1]
+        read = sizes[hit] if hit >= 0 else 0
+        written = max(sizes[last] - read, 0)
+        self.entries.update(keys[mark] for mark in marks)
+        return sizes[-1] - read - written, read, written
+
+
+def _cache_blocks(body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield from body.get("tools") or []
+    system = body.get("system")
+    if isinstance(system, str):
+        yield {"type": "text", "text": system}
+    else:
+        yield from system or []
+    for msg in body.get("messages") or []:
+        content = msg.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
+        for block in blocks:
+            yield {"role": msg.get("role"), **block}
+
+
 class FakeAnthropic(ScriptedFake):
     """A fake Anthropic API (base URL is the origin; the path is ``/v1/messages``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache = PromptCache()
+        self._accounted: dict[int, tuple[dict[str, Any], tuple[int, int, int]]] = {}
+
+    def reset(self) -> None:
+        super().reset()
+        self.cache = PromptCache()
+        self._accounted.clear()
 
     def route(self, method: str, path: str, query: str) -> str | None:
         return "" if method == "POST" and path == "/v1/messages" else None
@@ -101,6 +171,19 @@ class FakeAnthropic(ScriptedFake):
         choice = body.get("tool_choice")
         if choice is not None and choice.get("type") not in ("auto", "any", "tool", "none"):
             raise Reject(400, "tool_choice.type: invalid")
+        marked = [b for b in _cache_blocks(body) if "cache_control" in b]
+        if len(marked) > 4:
+            raise Reject(
+                400, f"A maximum of 4 blocks with cache_control may be provided. Found {len(marked)}."
+            )
+        for block in marked:
+            if block.get("type") in ("thinking", "redacted_thinking"):
+                raise Reject(400, "cache_control cannot be set for thinking blocks")
+            if block["cache_control"] != {"type": "ephemeral"}:
+                raise Reject(400, "cache_control.type: Input should be 'ephemeral'")
+        usage = self.cache.account(body)
+        if usage is not None:
+            self._accounted[id(body)] = (body, usage)
 
     def ask(self, body: dict[str, Any]) -> Ask:
         ask = Ask(max_tokens=body.get("max_tokens"), reasoning=bool(body.get("thinking")))
@@ -177,6 +260,9 @@ class FakeAnthropic(ScriptedFake):
             out.append((kind, {"type": kind, **fields}))
 
         usage_in = r.usage[0] if r.usage else 0
+        uncached, read, written = max(usage_in - r.cached, 0), r.cached, 0
+        if (accounted := self._accounted.get(id(body))) is not None and accounted[0] is body:
+            uncached, read, written = accounted[1]
         emit(
             "message_start",
             message={
@@ -188,9 +274,9 @@ class FakeAnthropic(ScriptedFake):
                 "stop_reason": None,
                 "stop_sequence": None,
                 "usage": {
-                    "input_tokens": max(usage_in - r.cached, 0),
-                    "cache_creation_input_tokens": 0,
-                    "cache_read_input_tokens": r.cached,
+                    "input_tokens": uncached,
+                    "cache_creation_input_tokens": written,
+                    "cache_read_input_tokens": read,
                     "output_tokens": 1,
                 },
             },

@@ -189,7 +189,9 @@ class ProviderSettings(_Strict):
     # text/argument deltas decoded from one upstream read go out as one event
     # (docs/architecture.md, "The relay"); false: one event per upstream delta
     merge_deltas: bool = True
-    # anthropic
+    # anthropic: prompt-cache breakpoints on the tools, the system prompt and the conversation so
+    # far (docs/adapters.md, "Prompt caching"); off: none, every turn pays full input price
+    prompt_caching: Literal["auto", "off"] = "auto"
     anthropic_version: str = "2023-06-01"
     default_max_tokens: int = Field(default=4096, ge=1)
     # mock: chunk size of streamed text, in characters

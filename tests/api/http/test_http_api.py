@@ -185,6 +185,13 @@ async def test_auth(authed: ServedApp) -> None:
         assert r.status_code == 401
 
 
+async def test_the_mock_echoes_no_top_logprobs_it_does_not_return(gateway: ServedApp) -> None:
+    r = await post(gateway, {"model": "mock", "input": "hi", "top_logprobs": 3, "temperature": 0.5})
+    body = r.json()
+    assert body["top_logprobs"] == 0 and body["temperature"] == 0.5
+    assert not body["output"][0]["content"][0].get("logprobs")
+
+
 async def test_max_output_tokens_gives_incomplete(gateway: ServedApp) -> None:
     r = await post(
         gateway,
