@@ -21,6 +21,9 @@ __all__ = [
 ]
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"  # the include that asks for token logprobs
+# The sampling parameters whose spec default (1.0) the response states: sent at that value unless
+# the provider's own default is the same (ProviderSettings.sends_default_sampling)
+DEFAULT_ONE = frozenset({"temperature", "top_p"})
 
 
 def unsupported_content(kind: Any) -> UpstreamRejected:

@@ -30,10 +30,20 @@ class AnthropicAdapter(HTTPStreamAdapter[MessagesStreamTranslator]):
     def body(self, request: UpstreamRequest) -> MessagesRequest:
         settings = self.settings
         caching = settings.prompt_caching == "auto"
-        return build_body(request, default_max_tokens=settings.default_max_tokens, caching=caching)
+        return build_body(
+            request,
+            default_max_tokens=settings.default_max_tokens,
+            caching=caching,
+            send_defaults=settings.sends_default_sampling(),
+        )
 
     def applied(self, request: UpstreamRequest) -> dict[str, Any]:
-        return applied(request, default_max_tokens=self.settings.default_max_tokens)
+        settings = self.settings
+        return applied(
+            request,
+            default_max_tokens=settings.default_max_tokens,
+            send_defaults=settings.sends_default_sampling(),
+        )
 
     def translator(self) -> MessagesStreamTranslator:
         return MessagesStreamTranslator()

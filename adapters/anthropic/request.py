@@ -51,9 +51,12 @@ _MIN_BUDGET = 1024  # the API's minimum thinking budget
 _DOC_TYPES = {"application/pdf": "base64", "text/plain": "text"}
 
 
-def build_body(req: UpstreamRequest, *, default_max_tokens: int, caching: bool = False) -> MessagesRequest:
+def build_body(
+    req: UpstreamRequest, *, default_max_tokens: int, caching: bool = False, send_defaults: bool = False
+) -> MessagesRequest:
     """The ``POST /v1/messages`` body for ``req`` (streamed unless ``req.stream`` is False);
-    ``caching``: with prompt-cache breakpoints (:func:`mark_breakpoints`)."""
+    ``caching``: with prompt-cache breakpoints (:func:`mark_breakpoints`); ``send_defaults``: see
+    :func:`sampling`."""
     system, messages = build_messages(req)
     max_tokens = req.max_output_tokens or default_max_tokens
     body: MessagesRequest = {"model": req.model, "max_tokens": max_tokens, "messages": messages}
@@ -70,7 +73,7 @@ def build_body(req: UpstreamRequest, *, default_max_tokens: int, caching: bool =
         body["tools"] = tools
         if choice is not None:
             body["tool_choice"] = choice
-    sent = sampling(req, thinking=budget is not None)
+    sent = sampling(req, thinking=budget is not None, send_defaults=send_defaults)
     if "temperature" in sent:
         body["temperature"] = sent["temperature"]
     if "top_p" in sent:
@@ -119,13 +122,17 @@ def _budget(req: UpstreamRequest, max_tokens: int, messages: list[MessagesMessag
     return budget
 
 
-def sampling(req: UpstreamRequest, *, thinking: bool) -> MessagesSampling:
-    """The sampling fields sent. The API's defaults are the resource's (temperature 1.0, no
+def sampling(req: UpstreamRequest, *, thinking: bool, send_defaults: bool = False) -> MessagesSampling:
+    """The sampling fields sent. Anthropic's defaults are the resource's (temperature 1.0, no
     nucleus: top_p 1.0), so a default is not sent. Thinking takes the default sampling only;
-    newer models refuse temperature with top_p (temperature wins); temperature is 0..1 (clamped)."""
+    newer models refuse temperature with top_p (temperature wins); temperature is 0..1 (clamped).
+    ``send_defaults`` (another server speaking Messages, ``ProviderSettings.sends_default_sampling``:
+    llama.cpp samples at 0.8 / 0.95 otherwise): both are sent, as the resource states them."""
     if thinking:
         return {}
     temperature = 1.0 if req.temperature is None else min(max(req.temperature, 0.0), 1.0)
+    if send_defaults:
+        return {"temperature": temperature, "top_p": 1.0 if req.top_p is None else req.top_p}
     if temperature != 1.0:
         return {"temperature": temperature}
     if req.top_p is not None and req.top_p != 1.0:
@@ -133,11 +140,11 @@ def sampling(req: UpstreamRequest, *, thinking: bool) -> MessagesSampling:
     return {}
 
 
-def applied(req: UpstreamRequest, *, default_max_tokens: int) -> dict[str, Any]:
+def applied(req: UpstreamRequest, *, default_max_tokens: int, send_defaults: bool = False) -> dict[str, Any]:
     """The resource's sampling fields as :func:`build_body` applies them, and ``top_logprobs`` 0:
     Messages returns no log probabilities."""
     budget = _budget(req, req.max_output_tokens or default_max_tokens, None)
-    sent = sampling(req, thinking=budget is not None)
+    sent = sampling(req, thinking=budget is not None, send_defaults=send_defaults)
     return {"temperature": sent.get("temperature", 1.0), "top_p": sent.get("top_p", 1.0), "top_logprobs": 0}
 
 

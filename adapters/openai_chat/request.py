@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Literal, get_args
 
 from adapters.base import UpstreamRequest
-from adapters.content import LOGPROBS_INCLUDE, unsupported_content
+from adapters.content import DEFAULT_ONE, LOGPROBS_INCLUDE, unsupported_content
 from adapters.openai_chat.wire import (
     ChatContentPart,
     ChatFile,
@@ -47,7 +47,7 @@ _FUNCTION_KEYS: tuple[Literal["description", "parameters", "strict"], ...] = (
 _SAMPLING: tuple[SamplingKey, ...] = get_args(SamplingKey)
 
 
-def build_body(req: UpstreamRequest) -> ChatRequest:
+def build_body(req: UpstreamRequest, *, send_defaults: bool = True) -> ChatRequest:
     """The ``/chat/completions`` request body for ``req`` (streamed, with usage in the stream,
     unless ``req.stream`` is False)."""
     body: ChatRequest = {"model": req.model, "messages": build_messages(req)}
@@ -62,7 +62,7 @@ def build_body(req: UpstreamRequest) -> ChatRequest:
         body["max_tokens"] = req.max_output_tokens
     for name in _SAMPLING:
         value = getattr(req, name)
-        if value is not None:
+        if value is not None and (send_defaults or not (name in DEFAULT_ONE and value == 1.0)):
             body[name] = value
     response_format = _response_format(req.text_format)
     if response_format is not None:

@@ -28,7 +28,7 @@ class OpenAIResponsesAdapter(HTTPStreamAdapter[ResponsesStreamTranslator]):
     named_events = True
 
     def body(self, request: UpstreamRequest) -> ResponsesRequest:
-        return build_body(request)
+        return build_body(request, send_defaults=self.settings.sends_default_sampling())
 
     def translator(self) -> ResponsesStreamTranslator:
         return ResponsesStreamTranslator()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, get_args
 
 from adapters.base import UpstreamRequest
-from adapters.content import LOGPROBS_INCLUDE
+from adapters.content import DEFAULT_ONE, LOGPROBS_INCLUDE
 from adapters.openai_responses.wire import (
     PassThroughKey,
     ResponsesInputItem,
@@ -25,9 +25,6 @@ __all__ = ["ENCRYPTED_INCLUDE", "build_body", "build_input", "unwrap_encrypted",
 ENCRYPTED_INCLUDE = "reasoning.encrypted_content"
 _WRAP = "orgw1:"  # marks encrypted_content that carries the upstream reasoning item id
 _PASS_THROUGH: tuple[PassThroughKey, ...] = get_args(PassThroughKey)
-# The Responses API's own defaults, the ones the resource states: not sent (OpenAI's reasoning models
-# refuse a temperature parameter, whatever its value), the upstream applies them anyway.
-_DEFAULT_ONE = frozenset({"temperature", "top_p"})
 
 
 def wrap_encrypted(item_id: str | None, encrypted: str) -> str:
@@ -50,7 +47,7 @@ def unwrap_encrypted(value: str) -> tuple[str | None, str]:
     return None, value
 
 
-def build_body(req: UpstreamRequest) -> ResponsesRequest:
+def build_body(req: UpstreamRequest, *, send_defaults: bool = True) -> ResponsesRequest:
     """The ``POST /responses`` body for ``req`` (streamed unless ``req.stream`` is False)."""
     items = build_input(req.items)
     body: ResponsesRequest = {"model": req.model, "input": items, "stream": req.stream, "store": False}
@@ -62,7 +59,7 @@ def build_body(req: UpstreamRequest) -> ResponsesRequest:
             body["tool_choice"] = req.tool_choice
     for name in _PASS_THROUGH:
         value = getattr(req, name)
-        if value is not None and not (name in _DEFAULT_ONE and value == 1.0):
+        if value is not None and (send_defaults or not (name in DEFAULT_ONE and value == 1.0)):
             body[name] = value
     text: ResponsesText = {}
     if req.text_format is not None:

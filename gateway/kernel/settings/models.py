@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -192,6 +193,12 @@ class ProviderSettings(_Strict):
     # anthropic: prompt-cache breakpoints on the tools, the system prompt and the conversation so
     # far (docs/adapters.md, "Prompt caching"); off: none, every turn pays full input price
     prompt_caching: Literal["auto", "off"] = "auto"
+    # openai-chat / openai-responses / anthropic: send temperature and top_p when they are the spec's
+    # default (1.0), which the response states (anthropic: both, as stated). None: send them, except
+    # to OpenAI's and Anthropic's own APIs (api.openai.com, *.openai.azure.com, api.anthropic.com),
+    # whose defaults are those values (and whose reasoning models refuse the parameter, or refuse
+    # both at once); other servers (llama.cpp, vLLM, ...) sample at defaults of their own otherwise
+    send_default_sampling: bool | None = None
     anthropic_version: str = "2023-06-01"
     default_max_tokens: int = Field(default=4096, ge=1)
     # mock: chunk size of streamed text, in characters
@@ -225,6 +232,13 @@ class ProviderSettings(_Strict):
 
     def resolved_base_url(self) -> str:
         return (self.base_url or DEFAULT_BASE_URLS.get(self.kind, "")).rstrip("/")
+
+    def sends_default_sampling(self) -> bool:
+        """``send_default_sampling``, or (None) whether the upstream is not OpenAI's own API."""
+        if self.send_default_sampling is not None:
+            return self.send_default_sampling
+        host = (urlsplit(self.resolved_base_url()).hostname or "").lower()
+        return not (host in ("api.openai.com", "api.anthropic.com") or host.endswith(".openai.azure.com"))
 
     def resolved_api_key(self) -> str | None:
         if self.api_key is not None:

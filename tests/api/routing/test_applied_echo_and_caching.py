@@ -13,7 +13,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from gateway.kernel.settings import Settings
+from gateway.kernel.settings import ProviderSettings, Settings
 from tests.fakes.anthropic import FakeAnthropic
 from tests.fakes.gemini import FakeGemini
 from tests.fakes.openai_chat import FakeOpenAIChat, smart_reply
@@ -79,16 +79,27 @@ def served(servers: dict[str, Any]) -> Iterator[ServedApp]:
         "providers": {
             "chat": provider("openai-chat"),
             "responses": provider("openai-responses"),
-            "anthropic": provider("anthropic"),
-            "anthropic-uncached": provider("anthropic", prompt_caching="off"),
+            # as Anthropic's own API (api.anthropic.com): its defaults are the resource's
+            "anthropic": provider("anthropic", send_default_sampling=False),
+            "anthropic-uncached": provider("anthropic", prompt_caching="off", send_default_sampling=False),
+            # another server speaking Messages (llama.cpp, vLLM): the default for any other host
+            "anthropic-compatible": provider("anthropic"),
             "gemini": provider("gemini"),
+            "chat-openai-defaults": provider("openai-chat", send_default_sampling=False),
+            "responses-openai-defaults": provider("openai-responses", send_default_sampling=False),
         },
         "models": {
             "openai-chat": {"provider": "chat", "upstream_model": "m"},
             "openai-responses": {"provider": "responses", "upstream_model": "m"},
             "anthropic": {"provider": "anthropic", "upstream_model": "claude-x"},
             "anthropic-uncached": {"provider": "anthropic-uncached", "upstream_model": "claude-x"},
+            "anthropic-compatible": {"provider": "anthropic-compatible", "upstream_model": "claude-x"},
             "gemini": {"provider": "gemini", "upstream_model": "gemini-x"},
+            "openai-chat-openai-defaults": {"provider": "chat-openai-defaults", "upstream_model": "m"},
+            "openai-responses-openai-defaults": {
+                "provider": "responses-openai-defaults",
+                "upstream_model": "m",
+            },
         },
     }
     with serve_gateway(settings) as s:
@@ -114,13 +125,22 @@ def sent_sampling(kind: str, rec: Recorded) -> dict[str, Any]:
 
 # == the echo is what was applied ================================================================
 # What each upstream receives when the client sends no sampling: the resource states the spec's
-# 1.0 / 1.0, which Chat Completions servers (llama-server: 0.8 / 0.95) and Gemini (topP 0.95) do
-# not default to, so it is sent; the Responses and Messages APIs' own defaults are 1.0 / 1.0.
-DEFAULTS_SENT = {
+# 1.0 / 1.0, which OpenAI-compatible servers (llama-server: 0.8 / 0.95, on both its Chat Completions
+# and Responses routes) and Gemini (topP 0.95) do not default to, so it is sent; OpenAI's own API
+# (``send_default_sampling`` false, its default for api.openai.com) and Messages default to 1.0 / 1.0.
+DEFAULTS_SENT: dict[str, dict[str, float]] = {
     "openai-chat": {"temperature": 1.0, "top_p": 1.0},
     "gemini": {"temperature": 1.0, "top_p": 1.0},
-    "openai-responses": {},
+    "openai-responses": {"temperature": 1.0, "top_p": 1.0},
     "anthropic": {},
+    "anthropic-compatible": {"temperature": 1.0, "top_p": 1.0},
+    "openai-chat-openai-defaults": {},
+    "openai-responses-openai-defaults": {},
+}
+_FAKE_OF = {
+    "openai-chat-openai-defaults": "openai-chat",
+    "openai-responses-openai-defaults": "openai-responses",
+    "anthropic-compatible": "anthropic",
 }
 
 
@@ -131,8 +151,33 @@ async def test_default_sampling_is_sent_where_the_upstream_defaults_otherwise(
 ) -> None:
     res = await post(served, {"model": kind, "input": "hi", **asked})
     assert (res["temperature"], res["top_p"]) == (1.0, 1.0)
-    [rec] = fakes[kind].requests
-    assert sent_sampling(kind, rec) == DEFAULTS_SENT[kind]
+    fake_kind = _FAKE_OF.get(kind, kind)
+    [rec] = fakes[fake_kind].requests
+    assert sent_sampling(fake_kind, rec) == DEFAULTS_SENT[kind]
+
+
+@pytest.mark.parametrize(
+    ("provider", "sends"),
+    [
+        ({"kind": "openai-chat"}, False),  # OpenAI's own API by default
+        ({"kind": "openai-responses"}, False),
+        ({"kind": "openai-chat", "base_url": "https://my-org.openai.azure.com/openai/v1"}, False),
+        ({"kind": "openai-chat", "base_url": "http://127.0.0.1:8080/v1"}, True),  # llama.cpp, vLLM, ...
+        (
+            {
+                "kind": "openai-responses",
+                "base_url": "https://api.openai.com/v1",
+                "send_default_sampling": True,
+            },
+            True,
+        ),
+        ({"kind": "openai-chat", "base_url": "http://vllm:8000/v1", "send_default_sampling": False}, False),
+        ({"kind": "anthropic"}, False),  # api.anthropic.com
+        ({"kind": "anthropic", "base_url": "http://127.0.0.1:8080"}, True),
+    ],
+)
+def test_default_sampling_is_sent_except_to_openai_itself(provider: dict[str, Any], sends: bool) -> None:
+    assert ProviderSettings(**provider).sends_default_sampling() is sends
 
 
 @pytest.mark.parametrize(
