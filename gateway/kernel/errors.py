@@ -41,7 +41,7 @@ that is never null. Besides, ``response_error()`` is the ``{code, message}`` of 
 ResponseResource.
 
 Upstream failures are translated into this tree inside the adapters; nothing upstream-raw
-(URLs, keys, bodies) is ever put into a message.
+(URLs, keys, bodies) is ever put into a message: only the provider's reason, scrubbed.
 """
 
 from __future__ import annotations
@@ -284,8 +284,10 @@ class ServiceUnavailable(GatewayError):
 
 
 class UpstreamError(GatewayError):
-    """The provider failed. ``retryable`` marks failures worth a retry or a fallback model
-    (429, 5xx, timeouts, connection errors) when no output has reached the client yet."""
+    """The provider failed. ``retryable`` marks transient failures, worth a retry or a fallback
+    model when no output has reached the client yet, and held against the deployment's health
+    (429, 5xx, timeouts, connection errors: adapters/upstream_errors.py decides). ``reason``: the
+    provider's own message, scrubbed (adapters/upstream_errors.py ``scrub_reason``), for the log."""
 
     type = "server_error"
     code = ErrorCode.UPSTREAM_ERROR
@@ -303,6 +305,7 @@ class UpstreamError(GatewayError):
         self.retryable = retryable
         self.retry_after = retry_after
         self.upstream_status = upstream_status
+        self.reason: str | None = None
 
 
 class UpstreamTimeout(UpstreamError):
