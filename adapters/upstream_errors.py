@@ -91,7 +91,10 @@ REQUEST_SPECIFIC_HINTS = (
 
 # -- the provider's reason, scrubbed -------------------------------------------------------------
 REASON_LIMIT = 300  # characters of a provider's reason passed on
-_READ_LIMIT = 4000  # characters of a message looked at (the rest is never scanned)
+_READ_LIMIT = 2000  # characters of a message looked at (the rest is never scanned)
+# A run without a space this long is no word of a reason (a blob, a URL with a long query): it goes
+# whole, and no pattern below ever scans a longer run (their backtracking stays linear).
+_LONG_RUN_RE = re.compile(r"\S{80,}")
 _SAID = "The provider said:"
 _TLDS = (
     "com|net|org|io|ai|dev|app|cloud|co|info|biz|xyz|me|us|eu|uk|de|fr|nl|jp|cn|in|ru|br|ch|se|au|ca|kr"
@@ -160,6 +163,7 @@ def scrub_reason(text: str, known: Iterable[str] = ()) -> str | None:
     for secret in known:
         if len(secret) >= 4:
             text = text.replace(secret, "[redacted]")
+    text = _LONG_RUN_RE.sub("[redacted]", text)
     for pattern, replacement in _SCRUBS:
         text = pattern.sub(replacement, text)
     text = _TOKEN_RE.sub(lambda m: "[redacted]" if _key_shaped(m.group()) else m.group(), text)

@@ -172,6 +172,8 @@ def test_scrub_reason_takes_out_known_strings_and_is_bounded() -> None:
     long = scrub_reason("word " * 500)
     assert long is not None and len(long) <= REASON_LIMIT and long.endswith("…")
     assert scrub_reason(" \n\t ") is None
+    assert scrub_reason("x" * 100 + " tail") == "[redacted] tail"  # no word is that long: a blob goes
+    assert scrub_reason("a." * 2000) == "[redacted]"  # (and no pattern backtracks over it)
     assert scrub_reason("a\x00b\nc") == "a b c"  # no control byte or line break goes on
 
 
