@@ -3,7 +3,8 @@ TLS from the system trust store, an optional forward proxy), a call whose respon
 within one total deadline, bounded reads of error bodies, the mapping of the client's failures to
 ``gateway.kernel.errors``, and the one log line per call (:class:`UpstreamCall`).
 
-Messages are the gateway's own words: no upstream URL, key or raw body ever reaches one.
+Messages are the gateway's own words (and, for an error status a retry cannot fix, the provider's
+reason, scrubbed: adapters/upstream_errors.py): no upstream URL, key or raw body ever reaches one.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, NamedTuple
+from urllib.parse import urlsplit
 
 import orjson
 import structlog
@@ -58,10 +60,20 @@ class UpstreamCall:
     """One upstream call's ``upstream_call`` log line (info): ``request_id`` (the request's, sent as
     X-Request-Id when id-shaped), the provider ``kind``, the HTTP ``status`` (None: no answer), the provider's
     ``upstream_request_id``, ``duration_ms`` to the end of the body and the ``error_code`` and
-    ``error`` (the gateway's own fixed words, e.g. why no connection was made) of a failed call.
+    ``error`` (the gateway's own fixed words, e.g. why no connection was made) of a failed call,
+    with ``upstream_reason``, the provider's own message, scrubbed (``UpstreamError.reason``).
     :func:`open_stream` notes the answer; the caller calls :meth:`log` once, at the end."""
 
-    __slots__ = ("error", "error_code", "kind", "request_id", "start", "status", "upstream_request_id")
+    __slots__ = (
+        "error",
+        "error_code",
+        "kind",
+        "reason",
+        "request_id",
+        "start",
+        "status",
+        "upstream_request_id",
+    )
 
     def __init__(self, kind: str, request_id: str | None) -> None:
         self.kind = kind
@@ -71,6 +83,7 @@ class UpstreamCall:
         self.upstream_request_id: str | None = None
         self.error_code: str | None = None
         self.error: str | None = None
+        self.reason: str | None = None
 
     def answered(self, status: int, headers: Mapping[str, str]) -> None:
         self.status = status
@@ -87,6 +100,7 @@ class UpstreamCall:
     def failed(self, exc: UpstreamError) -> None:
         self.error_code = exc.code
         self.error = exc.message
+        self.reason = exc.reason
 
     def log(self) -> None:
         log.info(
@@ -98,6 +112,7 @@ class UpstreamCall:
             duration_ms=round((time.perf_counter() - self.start) * 1000, 3),
             error_code=self.error_code,
             error=self.error,
+            upstream_reason=self.reason,
         )
 
 
@@ -210,12 +225,17 @@ class UpstreamStream:
             raise map_transport_error(exc) from None
 
     async def read_json(self, limit: int = RESPONSE_BODY_LIMIT) -> Any:
-        """The rest of the body parsed as JSON (for a server that did not stream)."""
+        """The rest of the body parsed as JSON (for a server that did not stream). The answer is
+        under way: a connection lost now is not worth sending the request again."""
         buf = bytearray()
-        while (chunk := await self.next_chunk()) is not None:
-            buf += chunk
-            if len(buf) > limit:
-                raise UpstreamError("The upstream provider sent an oversized response.")
+        read = self.response.read
+        try:
+            while (chunk := await read()) is not None:
+                buf += chunk
+                if len(buf) > limit:
+                    raise UpstreamError("The upstream provider sent an oversized response.")
+        except (HTTPClientError, TimeoutError) as exc:
+            raise map_transport_error(exc, generating=True) from None
         try:
             return orjson.loads(buf)
         except orjson.JSONDecodeError:
@@ -256,11 +276,13 @@ async def open_stream(
 ) -> AsyncIterator[UpstreamStream]:
     """Send a request; yield its response, body not yet read, once its status is 2xx.
 
-    A non-2xx status reads up to ``ERROR_BODY_LIMIT`` bytes and raises ``map_status_error``.
+    A non-2xx status reads up to ``ERROR_BODY_LIMIT`` bytes and raises ``map_status_error`` (the
+    URL's host and the values of credential headers are taken out of the provider's reason).
     ``total_timeout`` bounds the whole call, reading included; ``streamed`` (the answer comes as
-    a stream) adds the per-read timeout. ``call`` notes the status and the provider's id of any
-    answer. Leaving the block closes the response: an unfinished body closes the connection, so
-    the upstream sees it.
+    a stream) adds the per-read timeout; unstreamed, a connection lost once the request went out
+    is not retryable (the upstream may have been generating the whole answer). ``call`` notes the
+    status and the provider's id of any answer. Leaving the block closes the response: an
+    unfinished body closes the connection, so the upstream sees it.
     """
     limits = client.timeout(total_timeout, streamed=streamed)  # connect: the pool's own
     try:
@@ -273,14 +295,14 @@ async def open_stream(
             read_timeout=limits.read,
         )
     except (HTTPClientError, TimeoutError) as exc:
-        raise map_transport_error(exc) from None
+        raise map_transport_error(exc, generating=not streamed) from None
     stream = UpstreamStream(response)
     if call is not None:
         call.answered(response.status, response.headers)
     try:
         if not 200 <= response.status < 300:
             body = await _read_bounded(stream)
-            raise map_status_error(response.status, body, response.headers)
+            raise map_status_error(response.status, body, response.headers, known=_known(url, headers))
         yield stream
     finally:
         stream.close()
@@ -298,9 +320,26 @@ async def _read_bounded(stream: UpstreamStream) -> bytes:
     return bytes(buf[:ERROR_BODY_LIMIT])
 
 
-def map_transport_error(exc: BaseException) -> UpstreamError:
+_CREDENTIAL_NAMES = ("key", "auth", "token", "secret", "signature")
+
+
+def _known(url: str, headers: Mapping[str, str]) -> list[str]:
+    """What an error body may echo that is the gateway's own: the upstream URL and its host, and
+    the values of credential headers (a bearer token alone too)."""
+    known = [url]
+    if host := urlsplit(url).hostname:
+        known.append(host)
+    for name, value in headers.items():
+        if any(word in name.lower() for word in _CREDENTIAL_NAMES):
+            known += [value, value.rsplit(" ", 1)[-1]]
+    return sorted(known, key=len, reverse=True)  # the longest first: a host inside its URL
+
+
+def map_transport_error(exc: BaseException, *, generating: bool = False) -> UpstreamError:
     """The gateway error for a failure of the HTTP client (:mod:`adapters.http1`) or the call's
-    deadline (``TimeoutError``)."""
+    deadline (``TimeoutError``). ``generating``: the request went out and the upstream may be
+    generating its whole answer (an unstreamed call), so a lost connection or a broken answer is
+    not retryable: sending it again would run the generation again."""
     if isinstance(exc, ConnectError):  # the reason in fixed words: refused, timed out, certificate ...
         return UpstreamConnectError(
             f"The gateway could not connect to the upstream provider: {exc.reason}.", retryable=True
@@ -310,11 +349,17 @@ def map_transport_error(exc: BaseException) -> UpstreamError:
     if isinstance(exc, TimeoutError):  # the call's total deadline, or a caller's
         return UpstreamTimeout("The upstream call exceeded its total time limit.", retryable=True)
     if isinstance(exc, ConnectionLost | ConnectionError):
-        return UpstreamError("The connection to the upstream provider was lost.", retryable=True)
+        if generating:
+            return UpstreamError(
+                "The upstream provider failed: the connection was lost after the request was sent "
+                "(it is not sent again: it may have been processed)."
+            )
+        return UpstreamError("The upstream provider failed: the connection was lost.", retryable=True)
     if isinstance(exc, ResponseTooLarge):  # a head or decoded body past its limit: not retried
         return UpstreamError("The upstream provider sent an oversized response.")
     if isinstance(exc, ProtocolError):
-        return UpstreamError("The upstream provider sent a malformed HTTP response.", retryable=True)
+        malformed = "The upstream provider sent a malformed HTTP response."
+        return UpstreamError(malformed, retryable=not generating)
     if isinstance(exc, RequestNotSent):
         return UpstreamError(str(exc))  # fixed words (adapters/http1/): never the URL or a value
     return UpstreamError("The upstream request failed.")

@@ -197,4 +197,5 @@ def stream_error(error: Any) -> UpstreamError:
         rejected=_REJECTED_TYPES,
         retryable=_RETRYABLE_TYPES,
         auth=_AUTH_TYPES,
+        error=error,
     )

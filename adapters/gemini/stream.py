@@ -162,6 +162,7 @@ def stream_error(error: Any) -> UpstreamError:
         rejected=_REJECTED_STATUSES,
         retryable=_RETRYABLE_STATUSES,
         auth=_AUTH_STATUSES,
+        error=error,
     )
 
 

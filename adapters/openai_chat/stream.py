@@ -22,7 +22,7 @@ from adapters.deltas import (
     Usage,
     as_deltas,
 )
-from adapters.upstream_errors import error_code_from_body
+from adapters.upstream_errors import error_code_from_body, map_status_error, map_stream_error
 from gateway.kernel.errors import UpstreamError
 
 __all__ = ["ChatStreamTranslator"]
@@ -198,14 +198,20 @@ def _usage(u: dict[str, Any]) -> Usage:
 
 
 def _stream_error(chunk: dict[str, Any]) -> UpstreamError:
+    """An error chunk inside the 200 stream: its ``code``, when an HTTP status, is classified as
+    that status would be (vLLM and llama-server put one there); otherwise it is not retried."""
     err = chunk.get("error")
     status = err.get("code") if isinstance(err, dict) else None
-    retryable = isinstance(status, int) and (status == 429 or status >= 500)
-    return UpstreamError(
-        "The upstream provider reported an error during generation.",
-        retryable=retryable,
-        code=error_code_from_body(chunk),
-        upstream_status=status if isinstance(status, int) else None,
+    if type(status) is int and 400 <= status < 600:
+        return map_status_error(status, chunk)
+    code = error_code_from_body(chunk)
+    return map_stream_error(
+        code or "unknown",
+        code,
+        rate_limited="rate_limit_exceeded",
+        rejected=frozenset(),
+        retryable=frozenset(),
+        error=err,
     )
 
 

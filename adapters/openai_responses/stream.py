@@ -200,5 +200,10 @@ def stream_error(error: Any) -> UpstreamError:
     """The gateway error for an in-stream ``error`` event or a ``response.failed`` error object."""
     code = error_code_from_body({"error": error}) if isinstance(error, Mapping) else None
     return map_stream_error(
-        code, code, rate_limited="rate_limit_exceeded", rejected=_REJECTED_CODES, retryable=_RETRYABLE_CODES
+        code,
+        code,
+        rate_limited="rate_limit_exceeded",
+        rejected=_REJECTED_CODES,
+        retryable=_RETRYABLE_CODES,
+        error=error,
     )

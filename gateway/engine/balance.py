@@ -5,10 +5,10 @@ Pure bookkeeping in this process: in-flight counts, the EWMA of time to first de
 failure streaks are per process, so several gateway workers or replicas each balance on their own
 view. A key needs no shared state: every process hashes it to the same deployment.
 
-Health: ``eject_after`` failures in a row (connect errors, timeouts, 5xx: see ``health_failure``)
-take a deployment out for ``cooldown_seconds``; then one trial request is let through (half-open):
-its success restores the deployment, its failure ejects it again. When every candidate is out,
-the least recently failed is tried anyway rather than refusing the request.
+Health: ``eject_after`` transient failures in a row (connect errors, timeouts, 429, most 5xx: see
+``health_failure``) take a deployment out for ``cooldown_seconds``; then one trial request is let
+through (half-open): its success restores the deployment, its failure ejects it again. When every
+candidate is out, the least recently failed is tried anyway rather than refusing the request.
 """
 
 from __future__ import annotations
@@ -23,13 +23,7 @@ from typing import Any
 
 import structlog
 
-from gateway.kernel.errors import (
-    UpstreamConnectError,
-    UpstreamError,
-    UpstreamRateLimited,
-    UpstreamRejected,
-    UpstreamTimeout,
-)
+from gateway.kernel.errors import UpstreamError
 from gateway.kernel.settings import RoutingSettings
 
 log = structlog.get_logger("gateway.engine.balance")
@@ -41,15 +35,12 @@ _SCALE = 2.0**64
 
 
 def health_failure(exc: UpstreamError) -> bool:
-    """Whether a failed try counts against the deployment's health: no connection, a timeout, a
-    5xx, or a retryable failure without an HTTP status (a lost connection, a stream cut short).
-    A client error (4xx, 429 included) says nothing about the deployment."""
-    if isinstance(exc, (UpstreamRateLimited, UpstreamRejected)):
-        return False
-    if isinstance(exc, (UpstreamConnectError, UpstreamTimeout)):
-        return True
-    if exc.upstream_status is not None:
-        return exc.upstream_status >= 500
+    """Whether a failed try counts against the deployment's health: exactly when it is transient
+    (``UpstreamError.retryable``, as adapters/upstream_errors.py and adapters/transport.py
+    classify it: no connection, a timeout, a 429, a 5xx that is not about the request, a
+    connection lost before an answer was under way). What a retry cannot fix (a rejected request,
+    a 500 that says the request cannot be served, a generation lost midway) says nothing about the
+    deployment."""
     return exc.retryable
 
 

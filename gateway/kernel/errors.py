@@ -41,7 +41,7 @@ that is never null. Besides, ``response_error()`` is the ``{code, message}`` of 
 ResponseResource.
 
 Upstream failures are translated into this tree inside the adapters; nothing upstream-raw
-(URLs, keys, bodies) is ever put into a message.
+(URLs, keys, bodies) is ever put into a message: only the provider's reason, scrubbed.
 """
 
 from __future__ import annotations
@@ -284,11 +284,13 @@ class ServiceUnavailable(GatewayError):
 
 
 class UpstreamError(GatewayError):
-    """The provider failed. ``retryable`` marks failures worth a retry or a fallback model
-    (429, 5xx, timeouts, connection errors) when no output has reached the client yet. A context
-    overflow (code ``context_length_exceeded``) carries what the provider reported, when it did:
-    ``prompt_tokens``, the request's size in its tokens, and ``context_limit``, the most its
-    prompt may take (its window, less the completion's share when it counts one)."""
+    """The provider failed. ``retryable`` marks transient failures, worth a retry or a fallback
+    model when no output has reached the client yet, and held against the deployment's health
+    (429, 5xx, timeouts, connection errors: adapters/upstream_errors.py decides). ``reason``: the
+    provider's own message, scrubbed (adapters/upstream_errors.py ``scrub_reason``), for the log.
+    A context overflow (code ``context_length_exceeded``) carries what the provider reported, when
+    it did: ``prompt_tokens``, the request's size in its tokens, and ``context_limit``, the most
+    its prompt may take (its window, less the completion's share when it counts one)."""
 
     type = "server_error"
     code = ErrorCode.UPSTREAM_ERROR
@@ -310,6 +312,7 @@ class UpstreamError(GatewayError):
         self.upstream_status = upstream_status
         self.prompt_tokens = prompt_tokens
         self.context_limit = context_limit
+        self.reason: str | None = None
 
 
 class UpstreamTimeout(UpstreamError):

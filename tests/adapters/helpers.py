@@ -85,13 +85,18 @@ def collector(default: Callable[[], UpstreamRequest]) -> Callable[..., Awaitable
     return collect
 
 
-def openai_error(code: str | None, message: str = MARKER, type_: str = "invalid_request_error") -> bytes:
-    """An OpenAI-style error body."""
-    return orjson.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
+def openai_error(
+    code: str | None, message: str = "fake refusal", type_: str = "invalid_request_error"
+) -> bytes:
+    """An OpenAI-style error body, with ``MARKER`` beside its message (only the message, scrubbed,
+    may reach a client)."""
+    error = {"message": message, "type": type_, "param": None, "code": code}
+    return orjson.dumps({"error": error, "debug": MARKER})
 
 
 def assert_clean(err: UpstreamError) -> None:
-    """No rendering of ``err`` carries the upstream body, the key or the upstream's address."""
+    """No rendering of ``err`` carries the upstream body beyond its message (``MARKER`` stands for
+    the rest), the key or the upstream's address."""
     text = repr((str(err), err.message, err.error_object(), err.http_body(), err.stream_event(0)))
     for bad in (MARKER, SECRET, "127.0.0.1", "http://"):
         assert bad not in text

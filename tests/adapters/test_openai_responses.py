@@ -388,7 +388,8 @@ def test_failures(event: dict[str, Any], cls: type[UpstreamError], retryable: bo
     with pytest.raises(UpstreamError) as info:
         ResponsesStreamTranslator().feed(event)
     assert type(info.value) is cls and info.value.retryable is retryable
-    assert MARKER not in repr(info.value.error_object())
+    # the provider's reason is passed on only for what a retry cannot fix
+    assert (MARKER in repr(info.value.error_object())) is not retryable
 
 
 def test_an_incomplete_item_is_left_open_for_the_builder_to_mark() -> None:

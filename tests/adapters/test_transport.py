@@ -26,7 +26,7 @@ from gateway.kernel.errors import (
     UpstreamTimeout,
 )
 from gateway.kernel.settings import ProviderSettings, Timeouts
-from tests.adapters.helpers import MARKER, SECRET, assert_clean, openai_error
+from tests.adapters.helpers import SECRET, assert_clean, openai_error
 from tests.fakes.server import serve_asgi, serve_raw, unused_port
 
 
@@ -107,7 +107,7 @@ async def test_open_stream_ok() -> None:
     ("status", "cls"), [(429, UpstreamRateLimited), (500, UpstreamError), (400, UpstreamRejected)]
 )
 async def test_open_stream_maps_status(status: int, cls: type[UpstreamError]) -> None:
-    body = openai_error("context_length_exceeded" if status == 400 else None, message=f"{MARKER} {SECRET}")
+    body = openai_error("context_length_exceeded" if status == 400 else None, message=f"no: {SECRET}")
     async with serve_asgi(_app(status, body, headers={"retry-after": "3"})) as server:
         with pytest.raises(UpstreamError) as info:
             await _call(server.url + "/x", _settings(server.url))

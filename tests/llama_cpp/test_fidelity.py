@@ -115,9 +115,14 @@ async def test_request_specific_failures_eject_nothing(llama: LlamaServer, llama
 async def test_echoed_sampling_is_what_the_server_applied(
     llama: LlamaServer, llama_gateway: ServedApp, model: str
 ) -> None:
+    sdk = client(llama_gateway)
     for asked in ({}, {"temperature": 0.3, "top_p": 0.5}):
-        response = await client(llama_gateway).responses.create(
-            model=model, input="Hi.", max_output_tokens=16, **asked
+        response = await sdk.responses.create(
+            model=model,
+            input="Hi.",
+            max_output_tokens=16,
+            temperature=asked.get("temperature"),
+            top_p=asked.get("top_p"),
         )
         applied = llama.last_sampling()
         for name in ("temperature", "top_p"):
