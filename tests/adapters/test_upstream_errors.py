@@ -195,13 +195,20 @@ def test_a_rejection_says_the_providers_reason() -> None:
     [
         "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj",
         "the model produced output that does not match the expected format",
-        "request (10030 tokens) exceeds the available context size (1024 tokens), try increasing it",
     ],
 )
 def test_a_500_that_names_the_request_is_not_retried(message: str) -> None:
     err = map_status_error(500, orjson.dumps({"error": {"code": 500, "message": message}}), {})
     assert type(err) is UpstreamError and not err.retryable and err.status == 502
     assert err.message.endswith(f"The provider said: {message}")
+
+
+def test_an_overflow_under_a_500_is_context_length_exceeded_with_its_reason_logged() -> None:
+    message = "request (10030 tokens) exceeds the available context size (1024 tokens), try increasing it"
+    err = map_status_error(500, orjson.dumps({"error": {"code": 500, "message": message}}), {})
+    assert err.code == "context_length_exceeded" and err.status == 400 and not err.retryable
+    assert (err.prompt_tokens, err.context_limit) == (10030, 1024)
+    assert err.reason == message  # for the log line; the message is the gateway's own words
 
 
 def test_a_bare_500_and_any_502_503_stay_transient() -> None:
