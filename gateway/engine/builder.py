@@ -41,6 +41,7 @@ class ResponseState(Enum):
     COMPLETED = "completed"
     INCOMPLETE = "incomplete"
     FAILED = "failed"
+    CANCELLED = "cancelled"
 
 
 class OutputState(Enum):
@@ -117,7 +118,12 @@ _REASONING = _PartKind(
 # Bound once: the per-delta checks compare against these.
 _LIVE = ResponseState.IN_PROGRESS
 _OPEN = OutputState.IN_PROGRESS
-_TERMINAL = (ResponseState.COMPLETED, ResponseState.INCOMPLETE, ResponseState.FAILED)
+_TERMINAL = (
+    ResponseState.COMPLETED,
+    ResponseState.INCOMPLETE,
+    ResponseState.FAILED,
+    ResponseState.CANCELLED,
+)
 _INCOMPLETE_REASON = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 
@@ -384,6 +390,21 @@ class ResponseBuilder:
         if self.state in _TERMINAL:
             raise IllegalTransition(f"fail() after the response ended ({self.state.value})")
         started = self.state is ResponseState.IN_PROGRESS
+        self._cut_open()
+        self.state = ResponseState.FAILED
+        return self._failed(error, started)
+
+    def cancel(self) -> list[Event]:
+        """End a background response its client cancelled: open items are left ``incomplete`` in
+        the final output (as by ``fail()``), then ``response.cancelled`` with status ``cancelled``."""
+        if self.state is not _LIVE:
+            raise IllegalTransition(f"cancel() after the response left in_progress ({self.state.value})")
+        self._cut_open()
+        self.state = ResponseState.CANCELLED
+        self.resource["status"] = "cancelled"
+        return [self._event("response.cancelled", response=self.resource)]
+
+    def _cut_open(self) -> None:
         cur = self._open
         if cur.state is _OPEN:  # keep what was streamed so far in the final snapshot
             if cur.part_state is _OPEN:
@@ -391,8 +412,6 @@ class ResponseBuilder:
             elif cur.kind == "function_call":
                 cur.item["arguments"] = "".join(cur.texts)
             cur.end(OutputState.INCOMPLETE)
-        self.state = ResponseState.FAILED
-        return self._failed(error, started)
 
     def revoke(self, error: GatewayError) -> list[Event]:
         """Replace a terminal event computed by ``finish()`` but not yet sent with ``error`` +

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import orjson
 
 from gateway.engine.auth import Authenticator, Principal
+from gateway.engine.background import LEASE_SECONDS
 from gateway.engine.context import CompactionOpener, Context, build_context
 from gateway.engine.limits import Reservation, TenantLimiter
 from gateway.engine.observed_store import ObservedStore
@@ -35,11 +36,12 @@ from gateway.engine.telemetry import NOOP_OBSERVER, NOOP_TRACER, Observer, Trace
 from gateway.engine.turn import Turn, TurnResult, Warmup
 from gateway.engine.upstream import upstream_request
 from gateway.engine.usage import Meter
-from gateway.kernel.errors import ErrorCode, InvalidRequest, ServiceUnavailable
+from gateway.kernel.errors import ErrorCode, InvalidRequest, ServerError, ServiceUnavailable
 from gateway.kernel.estimate import estimate
 from gateway.kernel.ids import response_id
 from gateway.kernel.settings import Settings
 from gateway.kernel.spec.request import CreateResponseBody
+from state.background import BackgroundLog, MemoryBackgroundLog
 from state.base import ConnectionCache, PendingResponse, ResponseStore, StoredResponse
 from state.limits.base import Check, CheckKind, Limiter
 from state.limits.memory import MemoryLimiter
@@ -48,6 +50,17 @@ from state.usage import MemoryLedger, UsageLedger
 # Admits the request whose context is being compacted, before the summarizing call: its argument is
 # the estimate, in tokens, of the compacted context (Gateway.prepare adds the output reservation).
 Admit = Callable[[int], Awaitable[None]]
+
+
+def ended(result: TurnResult) -> None:
+    """A background response that did not complete, as it is kept: failed (with its error) or
+    cancelled, never left ``in_progress``."""
+    res = result.resource
+    if res["status"] in ("queued", "in_progress"):
+        res["status"] = "cancelled" if result.status == "cancelled" else "failed"
+    err = result.error
+    if res["status"] == "failed" and res.get("error") is None:
+        res["error"] = (err or ServerError("The response ended before it was generated.")).response_error()
 
 
 def _only(checks: list[Check], labels: list[str], *kinds: CheckKind) -> tuple[list[Check], list[str]]:
@@ -90,6 +103,7 @@ class Gateway:
         compact_context: ContextCompactor | None = None,
         ledger: UsageLedger | None = None,
         limiter: Limiter | None = None,
+        background_log: BackgroundLog | None = None,
         observer: Observer = NOOP_OBSERVER,
         tracer: Tracer = NOOP_TRACER,
     ) -> None:
@@ -107,6 +121,8 @@ class Gateway:
         # observed: a failed check counts in the store's error metric
         self.store_health = StoreHealth(self.store, settings.state.health_recheck_seconds)
         self.limits = TenantLimiter(settings, limiter or MemoryLimiter(), observer=observer)
+        # background responses' event logs and leases (gateway/engine/background.py)
+        self.background_log: BackgroundLog = background_log or MemoryBackgroundLog()
 
     def retains(self, tenant: str) -> bool:
         """Whether the tenant's conversations may be stored (``retention: standard``)."""
@@ -171,6 +187,14 @@ class Gateway:
         assert body.model is not None  # validate.create_request requires it
         route = self.route(body.model, principal)
         store = True if body.store is None else body.store
+        background = bool(body.background)
+        if background and not self.retains(principal.tenant):
+            raise InvalidRequest(
+                "This tenant's conversations are not retained (retention: none), and a background "
+                "response must be stored: send background: false.",
+                param="background",
+                code=ErrorCode.STORE_NOT_ALLOWED,
+            )
         if not self.retains(principal.tenant):
             # An omitted store (the spec's default true) means false here; an explicit true is
             # refused, so that no client silently loses a response it asked to keep.
@@ -264,7 +288,24 @@ class Gateway:
         if held is not None:
             turn.rate_standing = held.standing
             turn.on_end(self._settle_hook(held, estimated))  # runs whatever the other hooks do
+        if background:
+            await self._publish(turn, principal, body)
         return turn
+
+    async def _publish(self, turn: Turn, principal: Principal, body: CreateResponseBody) -> None:
+        """A background response is readable while it runs: stored now with its status (it replaces
+        the write-ahead record); its end-of-turn store write replaces this. A store that cannot
+        take it refuses the request (503), and the turn is ended unrun (its hooks release all)."""
+        rid = turn.result.resource["id"]
+        try:
+            # the lease first: a reader that sees the response running and no lease takes it for
+            # an orphan (its owner died)
+            await self.background_log.claim(principal.tenant, rid, LEASE_SECONDS)
+            await self.store.put(self._stored(turn.result.resource, principal, body, turn.result.context))
+        except ServiceUnavailable as exc:
+            self.store_health.report(False)
+            await turn.discard(exc)
+            raise
 
     @staticmethod
     def _response_id(body: CreateResponseBody, route: Route, ctx: Context, affinity: str | None) -> str:
@@ -312,22 +353,27 @@ class Gateway:
             tracer=self.tracer,
         )
         if store:
-            stored = StoredResponse(
-                id=rid,
-                tenant=principal.tenant,
-                model=route.model,
-                # A compacted turn's window (its first output) supersedes the chain before it: it
-                # is stored as the start of a new chain (its resource still echoes the id).
-                previous_response_id=None if ctx.compacted else body.previous_response_id,
-                input_items=ctx.input_items,
-                resource=resource,
-                created_at=resource["created_at"],
-                stored_at=time.time(),
-            )
-            turn.on_end(self._store_hook(stored))
+            turn.on_end(self._store_hook(self._stored(resource, principal, body, ctx)))
         if metered:
             turn.on_end(self.meter.hook(principal, route.model))
         return turn
+
+    @staticmethod
+    def _stored(
+        resource: dict[str, Any], principal: Principal, body: CreateResponseBody, ctx: Context
+    ) -> StoredResponse:
+        return StoredResponse(
+            id=resource["id"],
+            tenant=principal.tenant,
+            model=resource["model"],
+            # A compacted turn's window (its first output) supersedes the chain before it: it
+            # is stored as the start of a new chain (its resource still echoes the id).
+            previous_response_id=None if ctx.compacted else body.previous_response_id,
+            input_items=ctx.input_items,
+            resource=resource,
+            created_at=resource["created_at"],
+            stored_at=time.time(),
+        )
 
     def _settle_hook(self, held: Reservation, estimated: int) -> Callable[[TurnResult], Awaitable[None]]:
         async def settle(result: TurnResult) -> None:
@@ -348,8 +394,10 @@ class Gateway:
 
         async def keep(result: TurnResult) -> None:
             if not result.ended:
-                await self.store_health.release(stored.tenant, stored.id)
-                return
+                if not result.resource["background"]:
+                    await self.store_health.release(stored.tenant, stored.id)
+                    return
+                ended(result)  # a background response is kept however it ended
             stored.resource = result.resource
             try:
                 await self.store.put(stored)
@@ -364,3 +412,4 @@ class Gateway:
         await self.meter.ledger.aclose()
         await self.store.aclose()
         await self.limits.aclose()
+        await self.background_log.aclose()

@@ -147,6 +147,7 @@ class Turn:
     __slots__ = (
         "_allowed",
         "_call",
+        "_cancel",
         "_cut",
         "_decided",
         "_dropped",
@@ -205,6 +206,7 @@ class Turn:
         self.compaction: dict[str, Any] | None = None
         # a stop was asked for: with this incomplete_details.reason, or a failure (``abort``)
         self._stop: str | GatewayError | None = None
+        self._cancel = False  # the stop is a cancellation (``cancel``: a background response's)
         self._decided = False  # the stream loop is over: a stop can no longer change the outcome
         self._opening = False  # the turn is opening: awaiting the upstream's first delta (or a backoff)
         self._reading = False  # the relay is awaiting the upstream's next delta
@@ -247,6 +249,17 @@ class Turn:
         self._cut_wait(opening=True)
         return True
 
+    def cancel(self) -> bool:
+        """End the response now as ``cancelled`` (its client cancelled a background response), as
+        ``abort`` ends it failed: at once while waiting on the upstream, else at its next delta;
+        the upstream call is cancelled, the end-of-turn hooks run, then ``response.cancelled``.
+        False: too late, the outcome is already decided."""
+        if self._decided:
+            return False
+        self._stop, self._cancel = "cancelled", True
+        self._cut_wait(opening=True)
+        return True
+
     def _cut_wait(self, opening: bool = False) -> None:
         """Cancel the await on the upstream: the relay's, and with ``opening`` the opening's."""
         waiting = self._reading or (opening and self._opening)
@@ -257,7 +270,16 @@ class Turn:
     def _stop_now(self) -> bool:
         """A stop is pending that need not wait for anything (no call open, or a failure)."""
         stop = self._stop
-        return stop is not None and (not self.builder.call_open or isinstance(stop, GatewayError))
+        return stop is not None and (
+            not self.builder.call_open or self._cancel or isinstance(stop, GatewayError)
+        )
+
+    async def discard(self, error: GatewayError) -> None:
+        """End a prepared turn that will not run (refused after all): failed with ``error``, its
+        end-of-turn hooks run once, nothing sent upstream."""
+        self.result.error = error
+        self.result.status = "failed"
+        await self._end()
 
     # -- the runner ------------------------------------------------------------------------------
     async def run(
@@ -509,6 +531,8 @@ class Turn:
         if isinstance(stop, GatewayError):
             log.warning("turn_aborted", request_id=self.result.request_id, code=stop.code)
             return self._failed(stop)
+        if self._cancel:
+            return self.builder.cancel()
         return self.builder.interrupt(stop)
 
     def _failed(self, error: GatewayError) -> list[Event]:
@@ -519,7 +543,7 @@ class Turn:
     def _stops_before(self, delta: Delta) -> bool:
         """A stop is pending: whether to end before ``delta`` (only an open call's own deltas pass,
         and not even those for a failure)."""
-        if isinstance(self._stop, GatewayError):
+        if self._cancel or isinstance(self._stop, GatewayError):
             return True
         return not (self.builder.call_open and isinstance(delta, _CALL_PARTS))
 

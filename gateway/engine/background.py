@@ -1,0 +1,198 @@
+"""Background responses (``background: true``): each runs detached from its request, through the
+one turn runner and its end-of-turn hooks, every event appended to its event log
+(``state/background.py``: in process, or a Redis Stream) so that a client on any replica can replay
+it from any sequence number and follow it live; its owner holds a lease that its heartbeat renews.
+
+- **Cancel from anywhere**: on the owner's replica the turn is cancelled at once; elsewhere the
+  request sets the lease's cancel flag, which the owner's next heartbeat (``BEAT_SECONDS``) reads.
+- **Owner lost**: a process that dies stops renewing its lease, which lapses within
+  ``LEASE_SECONDS``; whoever next looks at the response (a GET, a stream follower, a cancel) finds
+  it still ``queued`` or ``in_progress`` with no lease and marks it ``failed`` (``server_error``,
+  ``OWNER_LOST``), appending ``response.failed`` to its log for the followers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+import structlog
+
+from gateway.engine.turn import Event, Turn
+from gateway.kernel.errors import GatewayError, ServerError
+from state.background import BackgroundLog, Beat, LoggedEvent
+from state.base import ResponseStore, StoredResponse
+
+log = structlog.get_logger("gateway.engine.background")
+
+LEASE_SECONDS = 10.0  # a lease not renewed for this long is lost: its owner stopped
+BEAT_SECONDS = 1.0  # how often the owner renews it, and reads a cancel request
+FOLLOW_SECONDS = 1.0  # how long a follower waits for the next events before it checks the owner
+RUNNING = frozenset({"queued", "in_progress"})
+TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed", "response.cancelled"})
+OWNER_LOST = "The gateway stopped while generating this response."
+
+Encode = Callable[[Event], bytes]
+
+
+def _json(event: Event) -> bytes:
+    return orjson.dumps(event)
+
+
+class BackgroundRuns:
+    """The background responses this process runs (``start``), and what every replica can do
+    with any of them: ``current`` (its stored state, an orphan marked failed), ``follow`` (its
+    events after a sequence number, until the terminal one) and ``cancel``. ``encode``: how an
+    event is kept in the log (the transport's SSE frame; a follower writes it as it is)."""
+
+    def __init__(self, events: BackgroundLog, store: ResponseStore, encode: Encode = _json) -> None:
+        self.events = events
+        self.store = store
+        self.encode = encode
+        self.accepting = True  # False once the process drains: no new background work
+        self._running: dict[tuple[str, str], tuple[Turn, asyncio.Task[None]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+    @property
+    def tasks(self) -> set[asyncio.Task[None]]:
+        return {task for _, task in self._running.values()}
+
+    # -- the owner --------------------------------------------------------------------------------
+    def start(self, turn: Turn, tenant: str, done: Callable[[], None]) -> None:
+        """Run ``turn`` (prepared with ``background``: stored, its lease claimed) detached;
+        ``done`` is called once it has ended."""
+        key = (tenant, turn.result.resource["id"])
+        task = asyncio.create_task(self._run(turn, key))
+        self._running[key] = (turn, task)
+
+        def finished(_: asyncio.Task[None]) -> None:
+            self._running.pop(key, None)
+            done()
+
+        task.add_done_callback(finished)
+
+    async def _run(self, turn: Turn, key: tuple[str, str]) -> None:
+        beat = asyncio.create_task(self._beat(turn, key))
+
+        async def emit(event: Event) -> None:
+            await self._append(key, [event])
+
+        b = turn.builder
+        try:
+            await turn.run(emit)
+        except GatewayError as exc:  # failed before its first event: stored failed by its hooks
+            await self._append(key, [*b.start(), *b.fail(exc)])
+        except asyncio.CancelledError:  # cut at shutdown: stored cancelled by its hooks
+            with contextlib.suppress(Exception):
+                await self._append(key, b.start() + b.cancel() if b.state.value == "new" else b.cancel())
+        except Exception:
+            log.exception("background_turn_crashed", response_id=key[1])
+        finally:
+            beat.cancel()
+            with contextlib.suppress(GatewayError):
+                await self.events.drop(*key)
+
+    async def _append(self, key: tuple[str, str], events: list[Event]) -> None:
+        """Log ``events``; a log that cannot take them loses them (the stored response still ends
+        right), rather than the response failing."""
+        logged = [LoggedEvent(e["sequence_number"], self.encode(e), e["type"] in TERMINAL) for e in events]
+        try:
+            await self.events.append(*key, logged)
+        except GatewayError as exc:
+            log.warning("background_events_lost", response_id=key[1], code=exc.code, events=len(logged))
+
+    async def _beat(self, turn: Turn, key: tuple[str, str]) -> None:
+        """Renew the lease every ``BEAT_SECONDS``; cancel the turn when a cancel is asked for."""
+        while True:
+            await asyncio.sleep(BEAT_SECONDS)
+            try:
+                beat = await self.events.beat(*key, LEASE_SECONDS)
+                if beat is Beat.LOST:  # lapsed (the store was unreachable for a while): taken again
+                    log.warning("background_lease_lost", response_id=key[1])
+                    await self.events.claim(*key, LEASE_SECONDS)
+            except GatewayError as exc:
+                log.warning("background_beat_failed", response_id=key[1], code=exc.code)
+                continue
+            if beat is Beat.CANCEL:
+                turn.cancel()
+
+    # -- any replica ------------------------------------------------------------------------------
+    async def _owned(self, key: tuple[str, str]) -> bool:
+        return key in self._running or await self.events.held(*key)
+
+    async def current(self, tenant: str, response_id: str) -> StoredResponse | None:
+        """The stored response; one still running whose owner is gone (no lease) is marked failed
+        first (``OWNER_LOST``), its ``response.failed`` appended to its log."""
+        key = (tenant, response_id)
+        stored = await self.store.get(tenant, response_id)
+        if stored is None or stored.resource.get("status") not in RUNNING or await self._owned(key):
+            return stored
+        stored = await self.store.get(tenant, response_id)  # again: it may have ended meanwhile
+        if stored is None or stored.resource.get("status") not in RUNNING:
+            return stored
+        log.warning("background_owner_lost", response_id=response_id, tenant=tenant)
+        res = stored.resource
+        res["status"] = "failed"
+        res["error"] = ServerError(OWNER_LOST).response_error()
+        await self.store.put(stored)
+        last = await self.events.last(tenant, response_id)
+        event: Event = {
+            "type": "response.failed",
+            "sequence_number": last.seq + 1 if last is not None else 0,
+            "response": res,
+        }
+        with contextlib.suppress(Exception):  # another reader may have logged it first
+            await self._append(key, [event])
+        return stored
+
+    async def follow(self, tenant: str, response_id: str, after: int) -> AsyncIterator[LoggedEvent]:
+        """The response's logged events numbered above ``after``, then each new one as it is
+        logged, until its terminal event (or, its log gone, until nothing more can come)."""
+        key = (tenant, response_id)
+        while True:
+            batch = await self.events.read(tenant, response_id, after, FOLLOW_SECONDS)
+            for event in batch:
+                yield event
+                if event.terminal:
+                    return
+                after = event.seq
+            if batch or await self._owned(key):
+                continue
+            # no owner: its terminal event is logged by now, or it never will be (an orphan)
+            await self.current(tenant, response_id)
+            batch = await self.events.read(tenant, response_id, after, 0)
+            for event in batch:
+                yield event
+                if event.terminal:
+                    return
+            if not batch:
+                return
+
+    async def cancel(self, tenant: str, response_id: str) -> bool:
+        """Ask for the response to be cancelled, wherever it runs; False: nothing runs it."""
+        running = self._running.get((tenant, response_id))
+        if running is not None:
+            running[0].cancel()
+            return True
+        return await self.events.cancel(tenant, response_id)
+
+    async def wait_ended(self, tenant: str, response_id: str, seconds: float) -> StoredResponse | None:
+        """The stored response once it has left ``queued`` / ``in_progress`` (or as it is after
+        ``seconds``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while True:
+            stored = await self.current(tenant, response_id)
+            if stored is None or stored.resource.get("status") not in RUNNING or loop.time() >= deadline:
+                return stored
+            await asyncio.sleep(0.05)
+
+
+def snapshot(resource: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a running response's resource, as it is now (its output list copied too)."""
+    return {**resource, "output": list(resource["output"])}

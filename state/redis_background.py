@@ -1,0 +1,116 @@
+"""Background responses' event logs and leases in Redis, beside the store's keys and under the
+same hash tag (the tenant), so they work alike on standalone, Cluster and Sentinel:
+
+- ``{prefix}:{<tenant>}:e:<response id>``: a Redis Stream, one entry per event, its id
+  ``0-<sequence_number + 1>`` (fields ``d`` the event's JSON, ``t`` 1 on the terminal event),
+  trimmed to about ``max_events`` (``XADD MAXLEN ~``) and expiring ``ttl_seconds`` after its last
+  append. A reader replays and follows with one ``XREAD BLOCK`` from the id after its position.
+- ``{prefix}:{<tenant>}:b:<response id>``: the owner's lease, a hash with a TTL its heartbeat
+  renews; a cancel request sets its field ``c``, which the next heartbeat reads.
+
+It shares the store's client and time bound (``RedisStore``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from state.background import MAX_EVENTS, TTL_SECONDS, Beat, LoggedEvent
+from state.redis import RedisStore
+from state.redis_client import Script
+
+# KEYS[1] the lease; ARGV[1] its TTL in ms. -1: no lease (it lapsed), 1: a cancel was asked for, 0: alive.
+_BEAT = Script("""
+if redis.call('PEXPIRE', KEYS[1], ARGV[1]) == 0 then return -1 end
+return redis.call('HEXISTS', KEYS[1], 'c')
+""")
+
+# KEYS[1] the lease. 1: the cancel request is set for its owner; 0: no lease.
+_CANCEL = Script("""
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'c', '1')
+return 1
+""")
+
+_BEATS = {-1: Beat.LOST, 0: Beat.ALIVE, 1: Beat.CANCEL}
+
+
+def _entries(reply: Any) -> list[Any]:
+    """The entries of a one-stream XREAD reply, RESP2 or RESP3."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        return next(iter(reply.values()))[0] if reply else []
+    return list(reply[0][1])
+
+
+def _event(entry: Any) -> LoggedEvent:
+    entry_id, fields = entry
+    seq = int(entry_id.rsplit(b"-", 1)[1]) - 1
+    return LoggedEvent(seq, fields[b"d"], fields.get(b"t") == b"1")
+
+
+class RedisBackgroundLog:
+    def __init__(
+        self, store: RedisStore, *, max_events: int = MAX_EVENTS, ttl_seconds: int = TTL_SECONDS
+    ) -> None:
+        self.store = store
+        self.max_events = max_events
+        self.ttl_seconds = ttl_seconds
+        # an XREAD BLOCK waits at most this long, well inside the client's socket timeout
+        self.max_block_ms = max(1, int(store.timeout * 400))
+
+    def events_key(self, tenant: str, response_id: str) -> str:
+        return f"{self.store._base(tenant)}e:{response_id}"
+
+    def lease_key(self, tenant: str, response_id: str) -> str:
+        return f"{self.store._base(tenant)}b:{response_id}"
+
+    async def claim(self, tenant: str, response_id: str, ttl_seconds: float) -> None:
+        key = self.lease_key(tenant, response_id)
+        pipe = self.store._client.pipeline(transaction=False)
+        pipe.delete(key)
+        pipe.hset(key, "o", "1")
+        pipe.pexpire(key, max(1, int(ttl_seconds * 1000)))
+        await self.store._call(pipe.execute())
+
+    async def beat(self, tenant: str, response_id: str, ttl_seconds: float) -> Beat:
+        key = self.lease_key(tenant, response_id)
+        reply = await self.store._call(self.store._script(_BEAT, [key], [max(1, int(ttl_seconds * 1000))]))
+        return _BEATS[int(reply)]
+
+    async def cancel(self, tenant: str, response_id: str) -> bool:
+        key = self.lease_key(tenant, response_id)
+        return bool(await self.store._call(self.store._script(_CANCEL, [key], [])))
+
+    async def held(self, tenant: str, response_id: str) -> bool:
+        return bool(await self.store._call(self.store._client.exists(self.lease_key(tenant, response_id))))
+
+    async def drop(self, tenant: str, response_id: str) -> None:
+        await self.store._call(self.store._client.delete(self.lease_key(tenant, response_id)))
+
+    async def append(self, tenant: str, response_id: str, events: Sequence[LoggedEvent]) -> None:
+        key = self.events_key(tenant, response_id)
+        pipe = self.store._client.pipeline(transaction=False)
+        for e in events:
+            fields: dict[Any, Any] = {"d": e.data, "t": b"1" if e.terminal else b"0"}
+            pipe.xadd(key, fields, id=f"0-{e.seq + 1}", maxlen=self.max_events, approximate=True)
+        pipe.expire(key, self.ttl_seconds)
+        await self.store._call(pipe.execute())
+
+    async def read(self, tenant: str, response_id: str, after: int, wait_seconds: float) -> list[LoggedEvent]:
+        key = self.events_key(tenant, response_id)
+        block = min(self.max_block_ms, int(wait_seconds * 1000)) if wait_seconds > 0 else None
+        reply = await self.store._call(
+            self.store._client.xread({key: f"0-{after + 1}"}, count=self.max_events, block=block)
+        )
+        return [_event(entry) for entry in _entries(reply)]
+
+    async def last(self, tenant: str, response_id: str) -> LoggedEvent | None:
+        reply = await self.store._call(
+            self.store._client.xrevrange(self.events_key(tenant, response_id), count=1)
+        )
+        return _event(reply[0]) if reply else None
+
+    async def aclose(self) -> None:
+        return None  # the store closes the client
