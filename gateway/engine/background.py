@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 import structlog
 
+from gateway.engine.builder import ResponseState
 from gateway.engine.turn import Event, Turn
 from gateway.kernel.errors import GatewayError, ServerError
 from state.background import BackgroundLog, Beat, LoggedEvent
@@ -84,12 +85,12 @@ class BackgroundRuns:
 
         b = turn.builder
         try:
-            await turn.run(emit)
-        except GatewayError as exc:  # failed before its first event: stored failed by its hooks
-            await self._append(key, [*b.start(), *b.fail(exc)])
+            await turn.run(emit, announce=True)
+        except GatewayError as exc:  # failed before its first delta: stored failed by its hooks
+            await self._append(key, [*(b.start() if b.state is ResponseState.NEW else ()), *b.fail(exc)])
         except asyncio.CancelledError:  # cut at shutdown: stored cancelled by its hooks
             with contextlib.suppress(Exception):
-                await self._append(key, b.start() + b.cancel() if b.state.value == "new" else b.cancel())
+                await self._append(key, [*(b.start() if b.state is ResponseState.NEW else ()), *b.cancel()])
         except Exception:
             log.exception("background_turn_crashed", response_id=key[1])
         finally:

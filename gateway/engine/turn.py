@@ -35,7 +35,7 @@ import structlog
 from adapters.base import UpstreamRequest
 from adapters.deltas import Delta, Finish, ItemDone, TextDelta, ToolCallArgsDelta, ToolCallStart, Usage
 from gateway.engine.balance import Lease
-from gateway.engine.builder import ResponseBuilder
+from gateway.engine.builder import ResponseBuilder, ResponseState
 from gateway.engine.context import Context
 from gateway.engine.routing import Deployment, Route
 from gateway.engine.telemetry import (
@@ -283,13 +283,22 @@ class Turn:
 
     # -- the runner ------------------------------------------------------------------------------
     async def run(
-        self, emit: Emit | None = None, *, opened: Callable[[], Awaitable[None]] | None = None
+        self,
+        emit: Emit | None = None,
+        *,
+        opened: Callable[[], Awaitable[None]] | None = None,
+        announce: bool = False,
     ) -> TurnResult:
         """Open, then relay every event to ``emit``; ``opened`` is awaited once the upstream has
         answered, before the first event (an SSE response sends its headers there). Raises the
-        ``GatewayError`` of a turn that fails before its first event; otherwise returns the result."""
+        ``GatewayError`` of a turn that fails before its first event; otherwise returns the result.
+        ``announce``: ``response.created`` and ``response.in_progress`` go to ``emit`` before the
+        upstream is opened (a background response's readers see it at once), not after."""
         try:
             self._task = asyncio.current_task()
+            if announce and emit is not None:
+                for ev in self.builder.start():
+                    await emit(ev)
             self._opening = True
             try:
                 await self._open()
@@ -455,8 +464,9 @@ class Turn:
         count = 0
         self._task = asyncio.current_task()
         try:
-            for ev in b.start():
-                yield ev
+            if b.state is ResponseState.NEW:  # not announced already
+                for ev in b.start():
+                    yield ev
             if self.compaction is not None:
                 for ev in b.compaction(self.compaction):
                     yield ev
