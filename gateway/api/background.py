@@ -26,7 +26,14 @@ from gateway.engine.auth import Principal
 from gateway.engine.background import RUNNING, BackgroundRuns
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.turn import Turn
-from gateway.kernel.errors import ErrorCode, GatewayError, InvalidRequest, NotFound, ServiceUnavailable
+from gateway.kernel.errors import (
+    ErrorCode,
+    GatewayError,
+    InvalidRequest,
+    NotFound,
+    RateLimited,
+    ServiceUnavailable,
+)
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -42,12 +49,25 @@ def runs_of(request: Request) -> BackgroundRuns:
     return runs
 
 
-def accepting(request: Request) -> None:
-    """Refuse new background work while the process drains (503: another replica takes it)."""
-    if not runs_of(request).accepting:
+def admissible(request: Request, gw: Gateway, tenant: str) -> bool:
+    """Whether a new background response of ``tenant`` must queue behind others already waiting
+    for a slot here; refused while the process drains (503: another replica takes it) and past
+    ``limits.background_queue_size`` waiting (429)."""
+    runs = runs_of(request)
+    if not runs.accepting:
         raise ServiceUnavailable(
             "This gateway is shutting down and takes no new background responses; retry."
         )
+    waiting = runs.waiting(tenant)
+    size = gw.settings.limits.background_queue_size
+    if waiting and waiting >= size:
+        raise RateLimited(
+            f"Too many background responses of this tenant wait for a concurrency slot (at most "
+            f"{size}); retry later.",
+            code=ErrorCode.BACKGROUND_QUEUE_FULL,
+            retry_after=1.0,
+        )
+    return waiting > 0
 
 
 async def start(
@@ -74,8 +94,13 @@ async def start(
         live.release(gw)
 
     rid: str = turn.result.resource["id"]
-    payload = json_bytes(turn.result.resource)  # before it runs: queued or in_progress
-    runs.start(turn, principal.tenant, done)
+    res = turn.result.resource
+    payload = json_bytes(res)  # before it runs: queued or in_progress
+
+    async def slot() -> None:
+        await gw.take_slot(turn, principal)
+
+    runs.start(turn, principal.tenant, done, slot if res["status"] == "queued" else None)
     if not stream:
         await send({"type": "http.response.start", "status": 200, "headers": _JSON_HEADERS + extra})
         await send({"type": "http.response.body", "body": payload})

@@ -45,8 +45,7 @@ async def _respond(
     headers = {"x-request-id": rlog.request_id}
     try:
         principal, body = await read_request(request, gw, create_request, rlog)
-        if body.background:
-            background.accepting(request)
+        behind = background.admissible(request, gw, principal.tenant) if body.background else False
     except GatewayError as err:
         rlog.refused(metrics, err)
         await error_response(err, headers)(scope, receive, send)
@@ -54,7 +53,9 @@ async def _respond(
     async with DisconnectWatch(receive, send) as watch:
         try:
             streaming = bool(body.stream or body.background)  # a background turn logs its events live
-            turn = await gw.prepare(body, principal, streaming=streaming, request_id=rlog.request_id)
+            turn = await gw.prepare(
+                body, principal, streaming=streaming, request_id=rlog.request_id, behind=behind
+            )
         except GatewayError as err:
             rlog.refused(metrics, err)
             await error_response(err, headers)(scope, receive, send)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -23,7 +24,7 @@ import structlog
 
 from gateway.engine.builder import ResponseState
 from gateway.engine.turn import Event, Turn
-from gateway.kernel.errors import GatewayError, ServerError
+from gateway.kernel.errors import GatewayError, RateLimited, ServerError, ServiceUnavailable
 from state.background import BackgroundLog, Beat, LoggedEvent
 from state.base import ResponseStore, StoredResponse
 
@@ -35,12 +36,24 @@ FOLLOW_SECONDS = 1.0  # how long a follower waits for the next events before it 
 RUNNING = frozenset({"queued", "in_progress"})
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed", "response.cancelled"})
 OWNER_LOST = "The gateway stopped while generating this response."
+DRAINED = "The gateway shut down before this response could start; send the request again."
+QUEUE_POLL_SECONDS = 0.25  # a queued response tries for its slot at least this often
 
 Encode = Callable[[Event], bytes]
 
 
 def _json(event: Event) -> bytes:
     return orjson.dumps(event)
+
+
+Slot = Callable[[], Awaitable[None]]  # takes a queued turn's concurrency slot, or raises RateLimited
+
+
+@dataclass(slots=True)
+class _Run:
+    turn: Turn
+    task: asyncio.Task[None]
+    waiting: bool  # queued: waiting for its concurrency slot
 
 
 class BackgroundRuns:
@@ -54,41 +67,62 @@ class BackgroundRuns:
         self.store = store
         self.encode = encode
         self.accepting = True  # False once the process drains: no new background work
-        self._running: dict[tuple[str, str], tuple[Turn, asyncio.Task[None]]] = {}
+        self._running: dict[tuple[str, str], _Run] = {}
+        self._gates: dict[str, asyncio.Lock] = {}  # per tenant: its queue, FIFO (asyncio.Lock is)
+        self._waiting: dict[str, int] = {}  # per tenant: how many wait for a slot
+        self._freed: dict[str, asyncio.Event] = {}  # per tenant: set when one of its turns ends
 
     def __len__(self) -> int:
         return len(self._running)
 
     @property
     def tasks(self) -> set[asyncio.Task[None]]:
-        return {task for _, task in self._running.values()}
+        return {run.task for run in self._running.values()}
+
+    def waiting(self, tenant: str) -> int:
+        """How many of the tenant's background responses wait for a slot in this process."""
+        return self._waiting.get(tenant, 0)
 
     # -- the owner --------------------------------------------------------------------------------
-    def start(self, turn: Turn, tenant: str, done: Callable[[], None]) -> None:
-        """Run ``turn`` (prepared with ``background``: stored, its lease claimed) detached;
-        ``done`` is called once it has ended."""
+    def start(self, turn: Turn, tenant: str, done: Callable[[], None], slot: Slot | None = None) -> None:
+        """Run ``turn`` (prepared with ``background``: stored, its lease claimed) detached; a
+        ``queued`` one first waits for its concurrency slot (``slot``), in FIFO order among its
+        tenant's. ``done`` is called once it has ended."""
         key = (tenant, turn.result.resource["id"])
-        task = asyncio.create_task(self._run(turn, key))
-        self._running[key] = (turn, task)
+        if slot is not None:
+            self._waiting[tenant] = self._waiting.get(tenant, 0) + 1
+        task = asyncio.create_task(self._run(turn, key, slot))
+        self._running[key] = _Run(turn, task, slot is not None)
 
         def finished(_: asyncio.Task[None]) -> None:
             self._running.pop(key, None)
+            freed = self._freed.pop(tenant, None)
+            if freed is not None:
+                freed.set()
             done()
 
         task.add_done_callback(finished)
 
-    async def _run(self, turn: Turn, key: tuple[str, str]) -> None:
-        beat = asyncio.create_task(self._beat(turn, key))
+    async def _run(self, turn: Turn, key: tuple[str, str], slot: Slot | None) -> None:
+        beat = asyncio.create_task(self._beat(key))
 
         async def emit(event: Event) -> None:
             await self._append(key, [event])
 
         b = turn.builder
+        ran = False
         try:
+            if slot is not None:
+                await self._admitted(key, slot, b.queued())
+            ran = True
             await turn.run(emit, announce=True)
         except GatewayError as exc:  # failed before its first delta: stored failed by its hooks
+            if not ran:  # never admitted (the process drains)
+                await turn.discard(exc)
             await self._append(key, [*(b.start() if b.state is ResponseState.NEW else ()), *b.fail(exc)])
-        except asyncio.CancelledError:  # cut at shutdown: stored cancelled by its hooks
+        except asyncio.CancelledError:  # cancelled while queued, or cut at shutdown
+            if not ran:
+                await turn.discard(None)
             with contextlib.suppress(Exception):
                 await self._append(key, [*(b.start() if b.state is ResponseState.NEW else ()), *b.cancel()])
         except Exception:
@@ -97,6 +131,36 @@ class BackgroundRuns:
             beat.cancel()
             with contextlib.suppress(GatewayError):
                 await self.events.drop(*key)
+
+    async def _admitted(self, key: tuple[str, str], slot: Slot, queued: list[Event]) -> None:
+        """Wait for the queued response's slot: the tenant's queue is served in order, its head
+        trying again whenever one of the tenant's background turns here ends, and at least every
+        ``QUEUE_POLL_SECONDS`` (a slot freed elsewhere). A draining process admits no more."""
+        tenant = key[0]
+        try:
+            await self._append(key, queued)  # response.created, response.queued
+            async with self._gates.setdefault(tenant, asyncio.Lock()):
+                while True:
+                    if not self.accepting:
+                        raise ServiceUnavailable(DRAINED)
+                    try:
+                        await slot()
+                        break
+                    except RateLimited:
+                        pass
+                    freed = self._freed.setdefault(tenant, asyncio.Event())
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(freed.wait(), QUEUE_POLL_SECONDS)
+        finally:
+            left = self._waiting[tenant] - 1
+            if left:
+                self._waiting[tenant] = left
+            else:
+                del self._waiting[tenant]
+                self._gates.pop(tenant, None)
+            run = self._running.get(key)
+            if run is not None:
+                run.waiting = False
 
     async def _append(self, key: tuple[str, str], events: list[Event]) -> None:
         """Log ``events``; a log that cannot take them loses them (the stored response still ends
@@ -107,7 +171,7 @@ class BackgroundRuns:
         except GatewayError as exc:
             log.warning("background_events_lost", response_id=key[1], code=exc.code, events=len(logged))
 
-    async def _beat(self, turn: Turn, key: tuple[str, str]) -> None:
+    async def _beat(self, key: tuple[str, str]) -> None:
         """Renew the lease every ``BEAT_SECONDS``; cancel the turn when a cancel is asked for."""
         while True:
             await asyncio.sleep(BEAT_SECONDS)
@@ -120,7 +184,7 @@ class BackgroundRuns:
                 log.warning("background_beat_failed", response_id=key[1], code=exc.code)
                 continue
             if beat is Beat.CANCEL:
-                turn.cancel()
+                self._cancel_here(key)
 
     # -- any replica ------------------------------------------------------------------------------
     async def _owned(self, key: tuple[str, str]) -> bool:
@@ -176,11 +240,21 @@ class BackgroundRuns:
 
     async def cancel(self, tenant: str, response_id: str) -> bool:
         """Ask for the response to be cancelled, wherever it runs; False: nothing runs it."""
-        running = self._running.get((tenant, response_id))
-        if running is not None:
-            running[0].cancel()
+        if self._cancel_here((tenant, response_id)):
             return True
         return await self.events.cancel(tenant, response_id)
+
+    def _cancel_here(self, key: tuple[str, str]) -> bool:
+        """Cancel the response if this process runs it: a queued one at once (it never ran), a
+        running one through its turn (``Turn.cancel``)."""
+        run = self._running.get(key)
+        if run is None:
+            return False
+        if run.waiting:
+            run.task.cancel()
+        else:
+            run.turn.cancel()
+        return True
 
     async def wait_ended(self, tenant: str, response_id: str, seconds: float) -> StoredResponse | None:
         """The stored response once it has left ``queued`` / ``in_progress`` (or as it is after

@@ -37,6 +37,7 @@ Event = dict[str, Any]
 
 class ResponseState(Enum):
     NEW = "new"
+    QUEUED = "queued"  # a background response waiting for a concurrency slot
     IN_PROGRESS = "in_progress"
     COMPLETED = "completed"
     INCOMPLETE = "incomplete"
@@ -279,15 +280,29 @@ class ResponseBuilder:
         return snap
 
     # -- lifecycle --------------------------------------------------------------------------------
-    def start(self) -> list[Event]:
+    def queued(self) -> list[Event]:
+        """A background response waits for a slot: ``response.created`` and ``response.queued``,
+        status ``queued``; ``start()`` then emits ``response.in_progress`` alone."""
         if self.state is not ResponseState.NEW:
-            raise IllegalTransition("start() called twice")
-        self.state = ResponseState.IN_PROGRESS
-        self.resource["status"] = "in_progress"
+            raise IllegalTransition("queued() after the response started")
+        self.state = ResponseState.QUEUED
+        self.resource["status"] = "queued"
         return [
             self._event("response.created", response=self._snapshot()),
-            self._event("response.in_progress", response=self._snapshot()),
+            self._event("response.queued", response=self._snapshot()),
         ]
+
+    def start(self) -> list[Event]:
+        if self.state not in (ResponseState.NEW, ResponseState.QUEUED):
+            raise IllegalTransition("start() called twice")
+        was = self.state
+        self.state = ResponseState.IN_PROGRESS
+        self.resource["status"] = "in_progress"
+        events = (
+            [self._event("response.created", response=self._snapshot())] if was is ResponseState.NEW else []
+        )
+        events.append(self._event("response.in_progress", response=self._snapshot()))
+        return events
 
     def feed(self, delta: Delta) -> list[Event]:
         if self.state is not _LIVE:
@@ -397,7 +412,7 @@ class ResponseBuilder:
     def cancel(self) -> list[Event]:
         """End a background response its client cancelled: open items are left ``incomplete`` in
         the final output (as by ``fail()``), then ``response.cancelled`` with status ``cancelled``."""
-        if self.state is not _LIVE:
+        if self.state not in (_LIVE, ResponseState.QUEUED):
             raise IllegalTransition(f"cancel() after the response left in_progress ({self.state.value})")
         self._cut_open()
         self.state = ResponseState.CANCELLED

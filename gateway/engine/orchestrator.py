@@ -36,7 +36,14 @@ from gateway.engine.telemetry import NOOP_OBSERVER, NOOP_TRACER, Observer, Trace
 from gateway.engine.turn import Turn, TurnResult, Warmup
 from gateway.engine.upstream import upstream_request
 from gateway.engine.usage import Meter
-from gateway.kernel.errors import ErrorCode, InvalidRequest, ServerError, ServiceUnavailable
+from gateway.kernel.errors import (
+    ErrorCode,
+    GatewayError,
+    InvalidRequest,
+    RateLimited,
+    ServerError,
+    ServiceUnavailable,
+)
 from gateway.kernel.estimate import estimate
 from gateway.kernel.ids import response_id
 from gateway.kernel.settings import Settings
@@ -175,6 +182,7 @@ class Gateway:
         metered: bool = True,
         affinity: str | None = None,
         admitted: bool = False,
+        behind: bool = False,
     ) -> Turn:
         """The turn of a validated request (``gateway/engine/validate.py``). ``streaming``: the
         caller relays deltas as they come (SSE, WebSocket); False lets the adapter ask for an
@@ -183,7 +191,12 @@ class Gateway:
         caller's own turns (a WebSocket connection's ``turn.affinity``), to keep them on one
         deployment; a request's ``prompt_cache_key`` still comes first. ``admitted``: the turn
         serves a request already admitted (a compaction's summarizing call): it is charged only its
-        tokens, not one more request or lease."""
+        tokens, not one more request or lease.
+
+        A ``background`` request is admitted without its concurrency slot, which it then takes
+        (``take_slot``) unless ``behind`` (others of its tenant wait for one already) or the
+        tenant has none free: it is then ``queued``, and its runner waits for one
+        (gateway/engine/background.py)."""
         assert body.model is not None  # validate.create_request requires it
         route = self.route(body.model, principal)
         store = True if body.store is None else body.store
@@ -226,6 +239,8 @@ class Gateway:
         # before a compaction's summarizing call (``admit``, which the compactor calls with the
         # estimate of the compacted context): a refused request spends no summary.
         checks, labels = self.limits.checks(principal)
+        if background:  # its concurrency slot is taken apart: past the limit it waits, queued
+            checks, labels = _only(checks, labels, CheckKind.REQUESTS, CheckKind.TOKENS, CheckKind.BUDGET)
         if warmup:  # it spends no tokens: only the request-rate and concurrency limits apply
             checks, labels = _only(checks, labels, CheckKind.REQUESTS, CheckKind.CONCURRENCY)
         elif admitted:  # its request is counted and holds the lease: only its tokens are charged
@@ -289,23 +304,46 @@ class Gateway:
             turn.rate_standing = held.standing
             turn.on_end(self._settle_hook(held, estimated))  # runs whatever the other hooks do
         if background:
-            await self._publish(turn, principal, body)
+            await self._publish(turn, principal, body, behind)
         return turn
 
-    async def _publish(self, turn: Turn, principal: Principal, body: CreateResponseBody) -> None:
-        """A background response is readable while it runs: stored now with its status (it replaces
-        the write-ahead record); its end-of-turn store write replaces this. A store that cannot
-        take it refuses the request (503), and the turn is ended unrun (its hooks release all)."""
-        rid = turn.result.resource["id"]
+    async def take_slot(self, turn: Turn, principal: Principal) -> None:
+        """The background ``turn``'s concurrency slot (released by its end-of-turn hooks); raises
+        the refusal (RateLimited) while the tenant has none free."""
+        checks, labels = _only(*self.limits.checks(principal), CheckKind.CONCURRENCY)
+        slot = await self.limits.reserve(principal, checks, labels, 0, seconds=turn.route.total_seconds)
+        if slot is not None:
+            turn.on_end(lambda _: self.limits.settle_soon(slot, 0))
+
+    async def _publish(
+        self, turn: Turn, principal: Principal, body: CreateResponseBody, behind: bool
+    ) -> None:
+        """A background response is readable while it runs: stored now with its status, queued or
+        in_progress (it replaces the write-ahead record); its end-of-turn store write replaces
+        this. A refusal here (the limiter down, a store that cannot take it) ends the turn unrun
+        (its hooks release everything)."""
+        res = turn.result.resource
         try:
+            queued = behind
+            if not behind:
+                try:
+                    await self.take_slot(turn, principal)
+                except RateLimited:
+                    queued = True
+            if queued:
+                res["status"] = "queued"
             # the lease first: a reader that sees the response running and no lease takes it for
             # an orphan (its owner died)
-            await self.background_log.claim(principal.tenant, rid, LEASE_SECONDS)
-            await self.store.put(self._stored(turn.result.resource, principal, body, turn.result.context))
-        except ServiceUnavailable as exc:
-            self.store_health.report(False)
+            await self.background_log.claim(principal.tenant, res["id"], LEASE_SECONDS)
+            try:
+                await self.store.put(self._stored(res, principal, body, turn.result.context))
+            except ServiceUnavailable:
+                self.store_health.report(False)
+                raise
+        except GatewayError as exc:
             await turn.discard(exc)
             raise
+        turn.result.published = True
 
     @staticmethod
     def _response_id(body: CreateResponseBody, route: Route, ctx: Context, affinity: str | None) -> str:
@@ -394,7 +432,7 @@ class Gateway:
 
         async def keep(result: TurnResult) -> None:
             if not result.ended:
-                if not result.resource["background"]:
+                if not result.published:
                     await self.store_health.release(stored.tenant, stored.id)
                     return
                 ended(result)  # a background response is kept however it ended

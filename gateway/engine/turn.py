@@ -76,6 +76,7 @@ class TurnResult:
     usage: dict[str, Any] | None = None
     error: GatewayError | None = None
     started: bool = False
+    published: bool = False  # a background response, stored as it stands: kept however it ends
 
     @property
     def ended(self) -> bool:
@@ -274,11 +275,12 @@ class Turn:
             not self.builder.call_open or self._cancel or isinstance(stop, GatewayError)
         )
 
-    async def discard(self, error: GatewayError) -> None:
-        """End a prepared turn that will not run (refused after all): failed with ``error``, its
-        end-of-turn hooks run once, nothing sent upstream."""
+    async def discard(self, error: GatewayError | None) -> None:
+        """End a prepared turn that will not run: failed with ``error`` (refused after all), or
+        cancelled (None: a queued background response); its end-of-turn hooks run once, nothing
+        was sent upstream."""
         self.result.error = error
-        self.result.status = "failed"
+        self.result.status = "failed" if error is not None else "cancelled"
         await self._end()
 
     # -- the runner ------------------------------------------------------------------------------
@@ -296,7 +298,7 @@ class Turn:
         upstream is opened (a background response's readers see it at once), not after."""
         try:
             self._task = asyncio.current_task()
-            if announce and emit is not None:
+            if announce and emit is not None and self.builder.state is not ResponseState.IN_PROGRESS:
                 for ev in self.builder.start():
                     await emit(ev)
             self._opening = True
@@ -464,7 +466,7 @@ class Turn:
         count = 0
         self._task = asyncio.current_task()
         try:
-            if b.state is ResponseState.NEW:  # not announced already
+            if b.state is not ResponseState.IN_PROGRESS:  # not announced already
                 for ev in b.start():
                     yield ev
             if self.compaction is not None:

@@ -23,7 +23,7 @@ from tests.api.procs import SLOW_TEXT, Gateway
 from tests.fakes.openai_chat import FakeOpenAIChat, Reply
 from tests.helpers import TWO_TENANTS, A, B, fake_fixtures, sse_events
 from tests.redis_server import unique_prefix
-from tests.redis_topology import Target
+from tests.redis_topology import Target, standalone_target
 
 fake_server, fake = fake_fixtures(FakeOpenAIChat)
 
@@ -33,7 +33,9 @@ def slow(seconds: float) -> Reply:
 
 
 @contextlib.asynccontextmanager
-async def replicas(tmp: Path, fake: FakeOpenAIChat, target: Target) -> AsyncIterator[list[Gateway]]:
+async def replicas(
+    tmp: Path, fake: FakeOpenAIChat, target: Target, **extra: Any
+) -> AsyncIterator[list[Gateway]]:
     prefix = unique_prefix()
     cfg = {
         "providers": {
@@ -47,6 +49,7 @@ async def replicas(tmp: Path, fake: FakeOpenAIChat, target: Target) -> AsyncIter
         "models": {"m": {"provider": "up"}},
         "auth": TWO_TENANTS,
         "state": target.state(prefix),
+        **extra,
     }
     gws: list[Gateway] = []
     try:
@@ -167,3 +170,31 @@ async def test_the_owner_killed_mid_response_is_marked_failed(
             res = (await c.get(f"/v1/responses/{rid}", headers=A)).json()
             assert res["status"] == "failed" and res["error"]["code"] == "server_error"
             assert res["background"] is True
+
+
+async def test_a_drain_finishes_what_it_can_and_fails_the_rest(
+    tmp_path: Path, fake: FakeOpenAIChat, redis_url: str
+) -> None:
+    """SIGTERM with ``ws_drain_seconds: 2``: a background response that ends within the drain
+    completes, one that cannot ends failed with the drain's message; nothing is left running."""
+    fake.add(slow(0.1))  # ~1 s
+    fake.add(slow(5))  # ~40 s
+    target = standalone_target(redis_url)
+    async with replicas(tmp_path, fake, target, limits={"ws_drain_seconds": 2}) as (one, two):
+        body = {"model": "m", "input": "hi", "background": True}
+        async with httpx.AsyncClient(base_url=one.url, timeout=30) as c:
+            quick = (await c.post("/v1/responses", headers=A, json=body)).json()["id"]
+            long = (await c.post("/v1/responses", headers=A, json=body)).json()["id"]
+        await asyncio.sleep(0.3)
+        one.proc.send_signal(signal.SIGTERM)
+        # uvicorn re-raises the signal it drained on
+        assert await asyncio.to_thread(one.proc.wait, 20) in (0, -signal.SIGTERM)
+        async with httpx.AsyncClient(base_url=two.url, timeout=30) as c:
+            assert await status(c, quick) == "completed"
+            res = (await c.get(f"/v1/responses/{long}", headers=A)).json()
+            assert res["status"] == "failed", res["status"]
+            assert "shut down" in res["error"]["message"]
+            events = events_of(
+                (await c.get(f"/v1/responses/{long}", headers=A, params={"stream": "true"})).content
+            )
+            assert events[-1]["type"] == "response.failed"
