@@ -207,3 +207,22 @@ async def test_the_openai_sdk(served: ServedApp, fake: FakeOpenAIChat) -> None:
         await asyncio.sleep(0.7)
         cancelled = await client.responses.cancel(other.id)
         assert cancelled.status == "cancelled"
+
+
+async def test_a_continuation_waits_for_the_end(served: ServedApp, fake: FakeOpenAIChat) -> None:
+    """``previous_response_id`` of a background response still running is a 400; once it has
+    ended, the continuation carries its output."""
+    fake.add(slow(0.1))
+    fake.add(Reply.text("next"))
+    async with httpx.AsyncClient(base_url=served.base_url, timeout=20) as c:
+        r = await c.post("/v1/responses", headers=A, json={"model": "m", "input": "hi", "background": True})
+        rid = r.json()["id"]
+        body = {"model": "m", "input": "and?", "previous_response_id": rid}
+        r = await c.post("/v1/responses", headers=A, json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "previous_response_id"
+        await poll(c, rid, "completed")
+        r = await c.post("/v1/responses", headers=A, json=body)
+        assert r.status_code == 200, r.text
+        sent = fake.requests[-1].body["messages"]
+        assert [m["role"] for m in sent] == ["user", "assistant", "user"]
+        assert sent[1]["content"] == SLOW_TEXT
