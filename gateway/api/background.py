@@ -16,7 +16,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.api.disconnect import DisconnectWatch
-from gateway.api.encode import SSE_DONE, json_bytes
+from gateway.api.encode import SSE_DONE, json_bytes, sse_frame
 from gateway.api.exchange import error_response, json_response
 from gateway.api.frames import BodyWriter
 from gateway.api.inflight import InFlight
@@ -118,14 +118,20 @@ async def follow(
     send: Send,
     watch: DisconnectWatch,
 ) -> None:
-    """The response's logged events after ``after``, live until its terminal event, as SSE."""
+    """The response's logged events after ``after``, live until its terminal event, as SSE; a log
+    that stops answering ends the stream with an ``error`` event (the client can resume from the
+    last number it got)."""
     await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + extra})
     writer = BodyWriter(send, watch)
     stalls: StallWatch = request.app.state.stall_watch
     stalls.add(watch)
     try:
-        async for event in runs.follow(tenant, rid, after):
-            await writer.send(event.data)
+        try:
+            async for event in runs.follow(tenant, rid, after):
+                await writer.send(event.data)
+                after = event.seq
+        except GatewayError as err:  # the log became unreachable: the client may resume later
+            await writer.send(sse_frame(err.stream_event(after + 1)))
         await writer.end(SSE_DONE)
     finally:
         stalls.discard(watch)

@@ -60,6 +60,9 @@ async def test_past_the_limit_they_queue_in_order(served: ServedApp, fake: FakeO
         for m in made:
             await poll(c, m["id"], "completed")
         assert [said(req.body) for req in fake.requests] == ["n0", "n1", "n2"]  # FIFO
+        await asyncio.sleep(0.3)  # the ledger's hook comes after the store's
+        totals = (await c.get("/v1/usage", headers=A)).json()["totals"]
+        assert totals["requests"] == 3 and totals["output_tokens"] == 3 * 7  # each once
         events = sse_events(
             (await c.get(f"/v1/responses/{made[1]['id']}", headers=A, params={"stream": "true"})).text
         )
