@@ -210,7 +210,8 @@ def create_app(
         metrics: Metrics = app.state.metrics
         gateway = build_gateway(settings, observer=metrics, tracer=app.state.tracer)
         app.state.gateway = gateway
-        app.state.background = BackgroundRuns(gateway.background_log, gateway.store, sse_frame)
+        runs = app.state.background = BackgroundRuns(gateway.background_log, gateway.store, sse_frame)
+        runs.start_sweeper(lambda: app.state.live.current.tenants())
         app.state.live = LiveGateway(gateway, retire_gateway)
         await metrics.start(_listener_host(app))
         log.info(
@@ -225,6 +226,7 @@ def create_app(
             yield
         finally:
             await app.state.ws_hub.drain(0)  # normally done already (GatewayServer); cut what is left
+            await runs.aclose()
             await app.state.stall_watch.aclose()
             await app.state.live.aclose()  # the gateways a reload replaced
             await app.state.live.current.aclose()

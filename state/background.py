@@ -11,6 +11,8 @@ only), in Redis in ``state/redis_background.py``.
   (the process died), and a reader marks it failed.
 - A **cancel request** is a flag on the lease: the owner's next heartbeat sees it, wherever the
   request to cancel arrived.
+- The tenant's **running index** lists its leases with their deadlines, so that a sweeper finds
+  the lapsed ones (``stale``) without scanning.
 
 Only ids, sequence numbers and the events themselves: the events are the response as its client
 sees it, under the same tenant scope as the stored response.
@@ -67,6 +69,9 @@ class BackgroundLog(Protocol):
 
     async def drop(self, tenant: str, response_id: str) -> None:
         """Give the lease up (the response has ended)."""
+
+    async def stale(self, tenant: str) -> list[str]:
+        """The tenant's responses whose lease lapsed without being given up (their owner died)."""
 
     async def append(self, tenant: str, response_id: str, events: Sequence[LoggedEvent]) -> None:
         """Append ``events`` (in order, their numbers increasing) and restart the log's TTL."""
@@ -142,6 +147,10 @@ class MemoryBackgroundLog:
 
     async def drop(self, tenant: str, response_id: str) -> None:
         self._leases.pop((tenant, response_id), None)
+
+    async def stale(self, tenant: str) -> list[str]:
+        now = self._clock()
+        return [rid for (t, rid), lease in self._leases.items() if t == tenant and lease.expires <= now]
 
     def _live(self, key: tuple[str, str]) -> _Log | None:
         log = self._logs.get(key)

@@ -7,6 +7,8 @@ same hash tag (the tenant), so they work alike on standalone, Cluster and Sentin
   append. A reader replays and follows with one ``XREAD BLOCK`` from the id after its position.
 - ``{prefix}:{<tenant>}:b:<response id>``: the owner's lease, a hash with a TTL its heartbeat
   renews; a cancel request sets its field ``c``, which the next heartbeat reads.
+- ``{prefix}:{<tenant>}:bg``: the tenant's running index, a sorted set of response ids by their
+  lease's deadline (Redis's clock), where a sweeper finds the lapsed ones.
 
 It shares the store's client and time bound (``RedisStore``)."""
 
@@ -19,11 +21,37 @@ from state.background import MAX_EVENTS, TTL_SECONDS, Beat, LoggedEvent
 from state.redis import RedisStore
 from state.redis_client import Script
 
-# KEYS[1] the lease; ARGV[1] its TTL in ms. -1: no lease (it lapsed), 1: a cancel was asked for, 0: alive.
-_BEAT = Script("""
+_NOW = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000)\n"
+
+# KEYS[1] the lease, KEYS[2] the tenant's running index; ARGV[1] the TTL in ms, ARGV[2] the response
+# id, ARGV[3] the index's TTL in s. The lease, and its deadline (the server's clock) in the index.
+_CLAIM = Script(
+    _NOW
+    + """
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'o', '1')
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[1]), ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+return 1
+"""
+)
+
+# KEYS[1] the lease, KEYS[2] the index; ARGV[1] its TTL in ms, ARGV[2] the response id.
+# -1: no lease (it lapsed), 1: a cancel was asked for, 0: alive.
+_BEAT = Script(
+    _NOW
+    + """
 if redis.call('PEXPIRE', KEYS[1], ARGV[1]) == 0 then return -1 end
+redis.call('ZADD', KEYS[2], 'XX', now + tonumber(ARGV[1]), ARGV[2])
 return redis.call('HEXISTS', KEYS[1], 'c')
-""")
+"""
+)
+
+# KEYS[1] the index; ARGV[1] how many. The ids whose lease deadline has passed.
+_STALE = Script(_NOW + "return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, ARGV[1])")
+_INDEX_TTL_SECONDS = 24 * 3600  # the index outlives its newest lease by a day
+_STALE_BATCH = 100
 
 # KEYS[1] the lease. 1: the cancel request is set for its owner; 0: no lease.
 _CANCEL = Script("""
@@ -66,18 +94,22 @@ class RedisBackgroundLog:
     def lease_key(self, tenant: str, response_id: str) -> str:
         return f"{self.store._base(tenant)}b:{response_id}"
 
+    def index_key(self, tenant: str) -> str:
+        return f"{self.store._base(tenant)}bg"
+
     async def claim(self, tenant: str, response_id: str, ttl_seconds: float) -> None:
-        key = self.lease_key(tenant, response_id)
-        pipe = self.store._client.pipeline(transaction=False)
-        pipe.delete(key)
-        pipe.hset(key, "o", "1")
-        pipe.pexpire(key, max(1, int(ttl_seconds * 1000)))
-        await self.store._call(pipe.execute())
+        keys = [self.lease_key(tenant, response_id), self.index_key(tenant)]
+        args = [max(1, int(ttl_seconds * 1000)), response_id, _INDEX_TTL_SECONDS]
+        await self.store._call(self.store._script(_CLAIM, keys, args))
 
     async def beat(self, tenant: str, response_id: str, ttl_seconds: float) -> Beat:
-        key = self.lease_key(tenant, response_id)
-        reply = await self.store._call(self.store._script(_BEAT, [key], [max(1, int(ttl_seconds * 1000))]))
-        return _BEATS[int(reply)]
+        keys = [self.lease_key(tenant, response_id), self.index_key(tenant)]
+        args = [max(1, int(ttl_seconds * 1000)), response_id]
+        return _BEATS[int(await self.store._call(self.store._script(_BEAT, keys, args)))]
+
+    async def stale(self, tenant: str) -> list[str]:
+        found = await self.store._call(self.store._script(_STALE, [self.index_key(tenant)], [_STALE_BATCH]))
+        return [rid.decode() if isinstance(rid, bytes) else str(rid) for rid in found]
 
     async def cancel(self, tenant: str, response_id: str) -> bool:
         key = self.lease_key(tenant, response_id)
@@ -87,7 +119,10 @@ class RedisBackgroundLog:
         return bool(await self.store._call(self.store._client.exists(self.lease_key(tenant, response_id))))
 
     async def drop(self, tenant: str, response_id: str) -> None:
-        await self.store._call(self.store._client.delete(self.lease_key(tenant, response_id)))
+        pipe = self.store._client.pipeline(transaction=False)
+        pipe.delete(self.lease_key(tenant, response_id))
+        pipe.zrem(self.index_key(tenant), response_id)
+        await self.store._call(pipe.execute())
 
     async def append(self, tenant: str, response_id: str, events: Sequence[LoggedEvent]) -> None:
         key = self.events_key(tenant, response_id)

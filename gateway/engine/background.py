@@ -8,14 +8,16 @@ it from any sequence number and follow it live; its owner holds a lease that its
 - **Owner lost**: a process that dies stops renewing its lease, which lapses within
   ``LEASE_SECONDS``; whoever next looks at the response (a GET, a stream follower, a cancel) finds
   it still ``queued`` or ``in_progress`` with no lease and marks it ``failed`` (``server_error``,
-  ``OWNER_LOST``), appending ``response.failed`` to its log for the followers.
+  ``OWNER_LOST``), appending ``response.failed`` to its log for the followers; and every replica's
+  sweeper looks, every ``SWEEP_SECONDS``, at the tenants' responses whose lease lapsed, so none is
+  left ``in_progress`` even if nobody asks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +39,7 @@ RUNNING = frozenset({"queued", "in_progress"})
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed", "response.cancelled"})
 OWNER_LOST = "The gateway stopped while generating this response."
 DRAINED = "The gateway shut down before this response could start; send the request again."
+SWEEP_SECONDS = 5.0  # how often each replica looks for responses whose owner died
 QUEUE_POLL_SECONDS = 0.25  # a queued response tries for its slot at least this often
 
 Encode = Callable[[Event], bytes]
@@ -71,6 +74,7 @@ class BackgroundRuns:
         self._gates: dict[str, asyncio.Lock] = {}  # per tenant: its queue, FIFO (asyncio.Lock is)
         self._waiting: dict[str, int] = {}  # per tenant: how many wait for a slot
         self._freed: dict[str, asyncio.Event] = {}  # per tenant: set when one of its turns ends
+        self._sweeper: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
         return len(self._running)
@@ -214,6 +218,39 @@ class BackgroundRuns:
         with contextlib.suppress(Exception):  # another reader may have logged it first
             await self._append(key, [event])
         return stored
+
+    async def sweep(self, tenants: Iterable[str]) -> int:
+        """Mark failed every response of ``tenants`` whose lease lapsed while it was still running
+        (its owner died: ``current``), and drop it from the running index; how many were swept."""
+        swept = 0
+        for tenant in tenants:
+            for rid in await self.events.stale(tenant):
+                key = (tenant, rid)
+                if await self._owned(key):  # its owner is back (it took the lease again)
+                    continue
+                await self.current(tenant, rid)
+                await self.events.drop(tenant, rid)
+                swept += 1
+        return swept
+
+    def start_sweeper(self, tenants: Callable[[], Iterable[str]]) -> None:
+        """Sweep every ``SWEEP_SECONDS`` (``tenants``: the configured ones, read each time)."""
+
+        async def sweeping() -> None:
+            while True:
+                await asyncio.sleep(SWEEP_SECONDS)
+                try:
+                    await self.sweep(tenants())
+                except GatewayError as exc:
+                    log.warning("background_sweep_failed", code=exc.code)
+
+        self._sweeper = asyncio.create_task(sweeping())
+
+    async def aclose(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
 
     async def follow(self, tenant: str, response_id: str, after: int) -> AsyncIterator[LoggedEvent]:
         """The response's logged events numbered above ``after``, then each new one as it is

@@ -17,8 +17,9 @@ from typing import Any
 
 import httpx
 import openai
+import redis
 
-from gateway.engine.background import FOLLOW_SECONDS, LEASE_SECONDS
+from gateway.engine.background import FOLLOW_SECONDS, LEASE_SECONDS, SWEEP_SECONDS
 from tests.api.procs import SLOW_TEXT, Gateway
 from tests.fakes.openai_chat import FakeOpenAIChat, Reply
 from tests.helpers import TWO_TENANTS, A, B, fake_fixtures, sse_events
@@ -34,9 +35,9 @@ def slow(seconds: float) -> Reply:
 
 @contextlib.asynccontextmanager
 async def replicas(
-    tmp: Path, fake: FakeOpenAIChat, target: Target, **extra: Any
+    tmp: Path, fake: FakeOpenAIChat, target: Target, prefix: str | None = None, **extra: Any
 ) -> AsyncIterator[list[Gateway]]:
-    prefix = unique_prefix()
+    prefix = prefix or unique_prefix()
     cfg = {
         "providers": {
             "up": {
@@ -198,3 +199,35 @@ async def test_a_drain_finishes_what_it_can_and_fails_the_rest(
                 (await c.get(f"/v1/responses/{long}", headers=A, params={"stream": "true"})).content
             )
             assert events[-1]["type"] == "response.failed"
+
+
+async def test_a_dead_owners_response_is_swept_when_nobody_looks(
+    tmp_path: Path, fake: FakeOpenAIChat, redis_url: str
+) -> None:
+    """SIGKILL of the owner, and no client reads the response: the survivor's sweeper marks it
+    failed within the lease plus a sweep (its terminal event is in its Redis Stream before any
+    read), and drops it from the tenant's running index."""
+    fake.add(slow(5))
+    prefix = unique_prefix()
+    async with replicas(tmp_path, fake, standalone_target(redis_url), prefix) as (one, two):
+        async with httpx.AsyncClient(base_url=one.url, timeout=30) as c:
+            r = await c.post(
+                "/v1/responses", headers=A, json={"model": "m", "input": "hi", "background": True}
+            )
+            rid = r.json()["id"]
+        await asyncio.sleep(1.0)
+        raw = redis.Redis.from_url(redis_url)
+        try:
+            assert raw.zscore(f"{prefix}:{{a}}:bg", rid) is not None
+            one.proc.send_signal(signal.SIGKILL)
+            killed = time.monotonic()
+            while not (last := raw.xrevrange(f"{prefix}:{{a}}:e:{rid}", count=1)) or last[0][1][b"t"] != b"1":
+                assert time.monotonic() - killed < LEASE_SECONDS + SWEEP_SECONDS + 3, "never swept"
+                await asyncio.sleep(0.2)
+            assert b"response.failed" in last[0][1][b"d"]
+            assert raw.zscore(f"{prefix}:{{a}}:bg", rid) is None
+        finally:
+            raw.close()
+        async with httpx.AsyncClient(base_url=two.url, timeout=30) as c:
+            res = (await c.get(f"/v1/responses/{rid}", headers=A)).json()
+            assert res["status"] == "failed" and res["error"]["code"] == "server_error"
