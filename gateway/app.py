@@ -211,7 +211,7 @@ def create_app(
         gateway = build_gateway(settings, observer=metrics, tracer=app.state.tracer)
         app.state.gateway = gateway
         runs = app.state.background = BackgroundRuns(gateway.background_log, gateway.store, sse_frame)
-        runs.start_sweeper(lambda: app.state.live.current.tenants())
+        runs.start_watch(lambda: app.state.live.current.tenants())
         app.state.live = LiveGateway(gateway, retire_gateway)
         await metrics.start(_listener_host(app))
         log.info(

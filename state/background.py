@@ -9,8 +9,8 @@ only), in Redis in ``state/redis_background.py``.
 - The **lease** is held by the replica running the response and renewed by its heartbeat
   (``beat``); a response still ``queued`` or ``in_progress`` whose lease has lapsed lost its owner
   (the process died), and a reader marks it failed.
-- A **cancel request** is a flag on the lease: the owner's next heartbeat sees it, wherever the
-  request to cancel arrived.
+- A **cancel request** is a flag on the lease, and a message on its owner's control stream: the
+  owner hears it at once (``control``), or at its next heartbeat, wherever the request arrived.
 - The tenant's **running index** lists its leases with their deadlines, so that a sweeper finds
   the lapsed ones (``stale``) without scanning.
 
@@ -66,6 +66,10 @@ class BackgroundLog(Protocol):
 
     async def held(self, tenant: str, response_id: str) -> bool:
         """Whether a replica holds the response's lease."""
+
+    async def control(self, wait_seconds: float) -> list[tuple[str, str]]:
+        """The cancel requests sent to this process since the last call, as (tenant, response
+        id); when there are none, wait up to ``wait_seconds`` for one."""
 
     async def drop(self, tenant: str, response_id: str) -> None:
         """Give the lease up (the response has ended)."""
@@ -144,6 +148,10 @@ class MemoryBackgroundLog:
 
     async def held(self, tenant: str, response_id: str) -> bool:
         return self._lease((tenant, response_id)) is not None
+
+    async def control(self, wait_seconds: float) -> list[tuple[str, str]]:
+        await asyncio.sleep(wait_seconds)  # one process: a cancel reaches its turn directly
+        return []
 
     async def drop(self, tenant: str, response_id: str) -> None:
         self._leases.pop((tenant, response_id), None)

@@ -7,6 +7,10 @@ same hash tag (the tenant), so they work alike on standalone, Cluster and Sentin
   append. A reader replays and follows with one ``XREAD BLOCK`` from the id after its position.
 - ``{prefix}:{<tenant>}:b:<response id>``: the owner's lease, a hash with a TTL its heartbeat
   renews; a cancel request sets its field ``c``, which the next heartbeat reads.
+- ``{prefix}:{ctl-<replica>}:c``: a process's control stream, where a cancel made on another
+  replica is sent to the lease's owner (fields ``t`` the tenant, ``r`` the response id), trimmed
+  to about 1,000 entries and expiring an hour after the last; the owner follows it with
+  ``XREAD BLOCK``.
 - ``{prefix}:{<tenant>}:bg``: the tenant's running index, a sorted set of response ids by their
   lease's deadline (Redis's clock), where a sweeper finds the lapsed ones.
 
@@ -14,6 +18,7 @@ It shares the store's client and time bound (``RedisStore``)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,12 +29,13 @@ from state.redis_client import Script
 _NOW = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000)\n"
 
 # KEYS[1] the lease, KEYS[2] the tenant's running index; ARGV[1] the TTL in ms, ARGV[2] the response
-# id, ARGV[3] the index's TTL in s. The lease, and its deadline (the server's clock) in the index.
+# id, ARGV[3] the index's TTL in s, ARGV[4] the owner (this process's id). The lease, and its
+# deadline (the server's clock) in the index.
 _CLAIM = Script(
     _NOW
     + """
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'o', '1')
+redis.call('HSET', KEYS[1], 'o', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[1]), ARGV[2])
 redis.call('EXPIRE', KEYS[2], ARGV[3])
@@ -53,12 +59,14 @@ _STALE = Script(_NOW + "return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now,
 _INDEX_TTL_SECONDS = 24 * 3600  # the index outlives its newest lease by a day
 _STALE_BATCH = 100
 
-# KEYS[1] the lease. 1: the cancel request is set for its owner; 0: no lease.
+# KEYS[1] the lease. The cancel request set for its owner, and its owner's id; 0: no lease.
 _CANCEL = Script("""
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], 'c', '1')
-return 1
+return redis.call('HGET', KEYS[1], 'o')
 """)
+_CONTROL_MAX = 1000  # a control stream keeps about this many requests
+_CONTROL_TTL_SECONDS = 3600
 
 _BEATS = {-1: Beat.LOST, 0: Beat.ALIVE, 1: Beat.CANCEL}
 
@@ -87,6 +95,8 @@ class RedisBackgroundLog:
         self.ttl_seconds = ttl_seconds
         # an XREAD BLOCK waits at most this long, well inside the client's socket timeout
         self.max_block_ms = max(1, int(store.timeout * 400))
+        self.replica = uuid.uuid4().hex  # this process, as a lease's owner
+        self._control_at: bytes | str = "0-0"  # the last control request read (the stream is ours)
 
     def events_key(self, tenant: str, response_id: str) -> str:
         return f"{self.store._base(tenant)}e:{response_id}"
@@ -99,7 +109,7 @@ class RedisBackgroundLog:
 
     async def claim(self, tenant: str, response_id: str, ttl_seconds: float) -> None:
         keys = [self.lease_key(tenant, response_id), self.index_key(tenant)]
-        args = [max(1, int(ttl_seconds * 1000)), response_id, _INDEX_TTL_SECONDS]
+        args = [max(1, int(ttl_seconds * 1000)), response_id, _INDEX_TTL_SECONDS, self.replica]
         await self.store._call(self.store._script(_CLAIM, keys, args))
 
     async def beat(self, tenant: str, response_id: str, ttl_seconds: float) -> Beat:
@@ -111,9 +121,31 @@ class RedisBackgroundLog:
         found = await self.store._call(self.store._script(_STALE, [self.index_key(tenant)], [_STALE_BATCH]))
         return [rid.decode() if isinstance(rid, bytes) else str(rid) for rid in found]
 
+    def control_key(self, replica: str) -> str:
+        return f"{self.store.key_prefix}:{{ctl-{replica}}}:c"
+
     async def cancel(self, tenant: str, response_id: str) -> bool:
         key = self.lease_key(tenant, response_id)
-        return bool(await self.store._call(self.store._script(_CANCEL, [key], [])))
+        owner = await self.store._call(self.store._script(_CANCEL, [key], []))
+        if not owner:
+            return False
+        replica = owner.decode() if isinstance(owner, bytes) else str(owner)
+        pipe = self.store._client.pipeline(transaction=False)  # the owner's stream: its own slot
+        stream = self.control_key(replica)
+        pipe.xadd(stream, {"t": tenant, "r": response_id}, maxlen=_CONTROL_MAX, approximate=True)
+        pipe.expire(stream, _CONTROL_TTL_SECONDS)
+        await self.store._call(pipe.execute())
+        return True
+
+    async def control(self, wait_seconds: float) -> list[tuple[str, str]]:
+        block = max(1, min(self.max_block_ms, int(wait_seconds * 1000)))
+        key = self.control_key(self.replica)
+        reply = await self.store._call(self.store._client.xread({key: self._control_at}, block=block))
+        out: list[tuple[str, str]] = []
+        for entry_id, fields in _entries(reply):
+            self._control_at = entry_id
+            out.append((fields[b"t"].decode(), fields[b"r"].decode()))
+        return out
 
     async def held(self, tenant: str, response_id: str) -> bool:
         return bool(await self.store._call(self.store._client.exists(self.lease_key(tenant, response_id))))

@@ -4,7 +4,9 @@ one turn runner and its end-of-turn hooks, every event appended to its event log
 it from any sequence number and follow it live; its owner holds a lease that its heartbeat renews.
 
 - **Cancel from anywhere**: on the owner's replica the turn is cancelled at once; elsewhere the
-  request sets the lease's cancel flag, which the owner's next heartbeat (``BEAT_SECONDS``) reads.
+  request sets the lease's cancel flag and sends the owner a message on its control stream, which
+  it follows (``start_watch``): it cancels at once, or at its next heartbeat (``BEAT_SECONDS``) if
+  the message was lost.
 - **Owner lost**: a process that dies stops renewing its lease, which lapses within
   ``LEASE_SECONDS``; whoever next looks at the response (a GET, a stream follower, a cancel) finds
   it still ``queued`` or ``in_progress`` with no lease and marks it ``failed`` (``server_error``,
@@ -57,6 +59,7 @@ class _Run:
     turn: Turn
     task: asyncio.Task[None]
     waiting: bool  # queued: waiting for its concurrency slot
+    cancelled: bool = False  # a cancel was made (once: a second would cut the first's cleanup)
 
 
 class BackgroundRuns:
@@ -74,7 +77,7 @@ class BackgroundRuns:
         self._gates: dict[str, asyncio.Lock] = {}  # per tenant: its queue, FIFO (asyncio.Lock is)
         self._waiting: dict[str, int] = {}  # per tenant: how many wait for a slot
         self._freed: dict[str, asyncio.Event] = {}  # per tenant: set when one of its turns ends
-        self._sweeper: asyncio.Task[None] | None = None
+        self._watchers: list[asyncio.Task[None]] = []  # the sweeper, the control stream's reader
 
     def __len__(self) -> int:
         return len(self._running)
@@ -187,8 +190,9 @@ class BackgroundRuns:
             except GatewayError as exc:
                 log.warning("background_beat_failed", response_id=key[1], code=exc.code)
                 continue
-            if beat is Beat.CANCEL:
-                self._cancel_here(key)
+            run = self._running.get(key)
+            if beat is Beat.CANCEL and run is not None and not run.cancelled and self._cancel_here(key):
+                log.info("background_cancel", response_id=key[1], via="beat")
 
     # -- any replica ------------------------------------------------------------------------------
     async def _owned(self, key: tuple[str, str]) -> bool:
@@ -233,8 +237,10 @@ class BackgroundRuns:
                 swept += 1
         return swept
 
-    def start_sweeper(self, tenants: Callable[[], Iterable[str]]) -> None:
-        """Sweep every ``SWEEP_SECONDS`` (``tenants``: the configured ones, read each time)."""
+    def start_watch(self, tenants: Callable[[], Iterable[str]]) -> None:
+        """Sweep every ``SWEEP_SECONDS`` (``tenants``: the configured ones, read each time), and
+        follow this process's control stream: a cancel sent from another replica cancels its
+        response here at once."""
 
         async def sweeping() -> None:
             while True:
@@ -244,13 +250,25 @@ class BackgroundRuns:
                 except GatewayError as exc:
                     log.warning("background_sweep_failed", code=exc.code)
 
-        self._sweeper = asyncio.create_task(sweeping())
+        async def listening() -> None:
+            while True:
+                try:
+                    requests = await self.events.control(FOLLOW_SECONDS)
+                except GatewayError as exc:
+                    log.warning("background_control_failed", code=exc.code)
+                    await asyncio.sleep(BEAT_SECONDS)
+                    continue
+                for key in requests:
+                    run = self._running.get(key)
+                    if run is not None and not run.cancelled and self._cancel_here(key):
+                        log.info("background_cancel", response_id=key[1], via="control")
+
+        self._watchers = [asyncio.create_task(sweeping()), asyncio.create_task(listening())]
 
     async def aclose(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        for task in self._watchers:
+            task.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
 
     async def follow(self, tenant: str, response_id: str, after: int) -> AsyncIterator[LoggedEvent]:
         """The response's logged events numbered above ``after``, then each new one as it is
@@ -285,8 +303,9 @@ class BackgroundRuns:
         """Cancel the response if this process runs it: a queued one at once (it never ran), a
         running one through its turn (``Turn.cancel``)."""
         run = self._running.get(key)
-        if run is None:
-            return False
+        if run is None or run.cancelled:
+            return run is not None
+        run.cancelled = True
         if run.waiting:
             run.task.cancel()
         else:

@@ -139,6 +139,9 @@ async def test_resume_and_cancel_from_the_other_replica(
             cancelled = await sdk.responses.cancel(other)
             assert cancelled.status == "cancelled"
             await asyncio.wait_for(fake.disconnected.wait(), 5)  # the upstream call was cut
+            # the owner heard it on its control stream, not at a heartbeat
+            await one.wait_log(lambda logs: any(e.get("event") == "background_cancel" for e in logs), 5)
+            assert [e["via"] for e in one.events("background_cancel")] == ["control"]
             stream = await sdk.responses.retrieve(other, stream=True, starting_after=0)
             kinds: list[str] = [str(event.type) async for event in stream]  # the SDK types lack it
             assert kinds[-1] == "response.cancelled"
