@@ -55,7 +55,7 @@ return redis.call('HEXISTS', KEYS[1], 'c')
 )
 
 # KEYS[1] the index; ARGV[1] how many. The ids whose lease deadline has passed.
-_STALE = Script(_NOW + "return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, ARGV[1])")
+STALE = Script(_NOW + "return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, ARGV[1])")
 _INDEX_TTL_SECONDS = 24 * 3600  # the index outlives its newest lease by a day
 _STALE_BATCH = 100
 
@@ -118,7 +118,7 @@ class RedisBackgroundLog:
         return _BEATS[int(await self.store._call(self.store._script(_BEAT, keys, args)))]
 
     async def stale(self, tenant: str) -> list[str]:
-        found = await self.store._call(self.store._script(_STALE, [self.index_key(tenant)], [_STALE_BATCH]))
+        found = await self.store._call(self.store._script(STALE, [self.index_key(tenant)], [_STALE_BATCH]))
         return [rid.decode() if isinstance(rid, bytes) else str(rid) for rid in found]
 
     def control_key(self, replica: str) -> str:

@@ -252,6 +252,9 @@ class BackgroundRuns:
 
         async def listening() -> None:
             while True:
+                if not self._running:  # nothing here to cancel: no Redis call while idle
+                    await asyncio.sleep(FOLLOW_SECONDS)
+                    continue
                 try:
                     requests = await self.events.control(FOLLOW_SECONDS)
                 except GatewayError as exc:
