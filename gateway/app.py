@@ -20,13 +20,15 @@ from compact.inline import compact_inline
 from compact.opener import Opener
 from compact.seal import Sealer
 from compact.truncation import fit_context
-from gateway.api import admin, compact, http, ops, stored, usage
+from gateway.api import admin, background, compact, http, ops, stored, usage
+from gateway.api.encode import sse_frame
 from gateway.api.exchange import error_response
 from gateway.api.inflight import InFlight
 from gateway.api.live import LiveGateway, holding
 from gateway.api.reload import Reloader
 from gateway.api.stall import StallWatch
 from gateway.api.ws import WebSocketHub, responses_socket
+from gateway.engine.background import BackgroundRuns
 from gateway.engine.context import CompactionOpener
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.routing import Router
@@ -35,7 +37,7 @@ from gateway.kernel.errors import ErrorCode, GatewayError, InvalidRequest, NotFo
 from gateway.kernel.settings import Settings, load_settings
 from gateway.observability import tracing
 from gateway.observability.observer import Metrics
-from state.factory import create_ledger, create_limiter, create_store
+from state.factory import create_background_log, create_ledger, create_limiter, create_store
 
 log = structlog.get_logger("gateway.app")
 
@@ -54,8 +56,10 @@ def build_gateway(
     if running is None:
         store = create_store(settings.state)
         ledger, limiter = create_ledger(settings.state, store), create_limiter(settings.state)
+        background_log = create_background_log(settings.state, store)
     else:
         store, ledger, limiter = running.raw_store, running.meter.ledger, running.limits.limiter
+        background_log = running.background_log
         observer, tracer = running.observer, running.tracer
     opener: CompactionOpener | None = None
     if running is not None and settings.compaction.keys == running.settings.compaction.keys:
@@ -71,6 +75,7 @@ def build_gateway(
         fit_context=fit_context,
         compact_context=compact_inline,
         limiter=limiter,
+        background_log=background_log,
         observer=observer,
         tracer=tracer,
     )
@@ -205,6 +210,8 @@ def create_app(
         metrics: Metrics = app.state.metrics
         gateway = build_gateway(settings, observer=metrics, tracer=app.state.tracer)
         app.state.gateway = gateway
+        runs = app.state.background = BackgroundRuns(gateway.background_log, gateway.store, sse_frame)
+        runs.start_watch(lambda: app.state.live.current.tenants())
         app.state.live = LiveGateway(gateway, retire_gateway)
         await metrics.start(_listener_host(app))
         log.info(
@@ -219,6 +226,7 @@ def create_app(
             yield
         finally:
             await app.state.ws_hub.drain(0)  # normally done already (GatewayServer); cut what is left
+            await runs.aclose()
             await app.state.stall_watch.aclose()
             await app.state.live.aclose()  # the gateways a reload replaced
             await app.state.live.current.aclose()
@@ -244,6 +252,7 @@ def create_app(
     app.add_route(
         "/v1/responses/{response_id}/input_items", holding(stored.list_input_items), methods=["GET"]
     )
+    app.add_route("/v1/responses/{response_id}/cancel", holding(background.cancel_response), methods=["POST"])
     app.add_route("/v1/models", holding(ops.list_models), methods=["GET"])
     app.add_route("/v1/usage", holding(usage.get_usage), methods=["GET"])
     app.add_route("/healthz", ops.healthz, methods=["GET"])

@@ -4,6 +4,7 @@ Sentinel, ``state.redis_mode``) when ``state.redis_url`` is set, else in-process
 from __future__ import annotations
 
 from gateway.kernel.settings import StateSettings
+from state.background import BackgroundLog, MemoryBackgroundLog
 from state.base import ResponseStore
 from state.limits.base import Limiter
 from state.limits.memory import MemoryLimiter
@@ -56,3 +57,15 @@ def create_limiter(settings: StateSettings) -> Limiter:
             timeout_seconds=settings.timeout_seconds,
         )
     return MemoryLimiter()
+
+
+def create_background_log(settings: StateSettings, store: ResponseStore) -> BackgroundLog:
+    """Background responses' event logs and leases beside ``store``: in the same Redis, sharing
+    its client, else in process (one process only)."""
+    if settings.redis_url is not None:
+        from state.redis import RedisStore
+        from state.redis_background import RedisBackgroundLog
+
+        assert isinstance(store, RedisStore)
+        return RedisBackgroundLog(store)
+    return MemoryBackgroundLog()

@@ -13,6 +13,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
+from gateway.api import background
 from gateway.api.disconnect import DisconnectWatch
 from gateway.api.encode import SSE_DONE, json_bytes, sse_frame
 from gateway.api.exchange import RequestLog, error_response, rate_limit_headers, read_request
@@ -24,11 +25,7 @@ from gateway.engine.turn import Turn
 from gateway.engine.validate import create_request
 from gateway.kernel.errors import GatewayError
 
-_SSE_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
-]
+_SSE_HEADERS = background.SSE_HEADERS
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 _SPAN_ATTRS = {"gen_ai.operation.name": "chat", "http.request.method": "POST", "gateway.transport": "http"}
 
@@ -48,13 +45,17 @@ async def _respond(
     headers = {"x-request-id": rlog.request_id}
     try:
         principal, body = await read_request(request, gw, create_request, rlog)
+        behind = background.admissible(request, gw, principal.tenant) if body.background else False
     except GatewayError as err:
         rlog.refused(metrics, err)
         await error_response(err, headers)(scope, receive, send)
         return
     async with DisconnectWatch(receive, send) as watch:
         try:
-            turn = await gw.prepare(body, principal, streaming=bool(body.stream), request_id=rlog.request_id)
+            streaming = bool(body.stream or body.background)  # a background turn logs its events live
+            turn = await gw.prepare(
+                body, principal, streaming=streaming, request_id=rlog.request_id, behind=behind
+            )
         except GatewayError as err:
             rlog.refused(metrics, err)
             await error_response(err, headers)(scope, receive, send)
@@ -66,6 +67,9 @@ async def _respond(
         if rate_headers:
             headers.update(rate_headers)
             extra += [(k.encode(), v.encode()) for k, v in rate_headers.items()]
+        if body.background:  # detached: neither the client leaving nor this task ends it
+            await background.start(request, gw, turn, principal, extra, send, watch, stream=bool(body.stream))
+            return
         inflight: InFlight = request.app.state.inflight
         inflight.add(turn)
         try:

@@ -39,8 +39,12 @@ class LiveGateway:
 
     def acquire(self) -> Gateway:
         gw = self.current
-        self._holds[gw] = self._holds.get(gw, 0) + 1
+        self.retain(gw)
         return gw
+
+    def retain(self, gw: Gateway) -> None:
+        """Hold ``gw`` once more (a detached background turn, beyond its request), current or not."""
+        self._holds[gw] = self._holds.get(gw, 0) + 1
 
     def release(self, gw: Gateway) -> None:
         left = self._holds[gw] - 1

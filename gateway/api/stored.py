@@ -6,7 +6,9 @@ action, tenant, key name, response id and result (found / not_found / deleted).
 
 A ``retention: none`` tenant has no stored responses: every id is not found, without a store read.
 Nor is a response still being generated: its id has only its write-ahead record (``state/base.py``),
-which no read sees, so it is not found until it is stored, for its own tenant as for any other."""
+which no read sees, so it is not found until it is stored, for its own tenant as for any other;
+except a background response, stored as it stands from the start (``queued``, ``in_progress``),
+and streamed with ``?stream=true&starting_after=N`` (``gateway/api/background.py``)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from typing import TYPE_CHECKING
 import structlog
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
+from gateway.api import background
 from gateway.api.exchange import error_response, json_response
 from gateway.engine.auth import Principal
 from gateway.engine.orchestrator import Gateway
@@ -34,8 +38,11 @@ def _not_found(response_id: str) -> NotFound:
 async def _read(
     request: Request, gw: Gateway, principal: Principal, response_id: str, action: str
 ) -> StoredResponse:
-    """The caller's stored response (audited); ``NotFound`` when its tenant has none by that id."""
-    stored = await gw.store.get(principal.tenant, response_id) if gw.retains(principal.tenant) else None
+    """The caller's stored response (audited); ``NotFound`` when its tenant has none by that id.
+    A background response still running is read as it stands (one whose owner died, marked
+    failed: ``BackgroundRuns.current``)."""
+    runs = background.runs_of(request)
+    stored = await runs.current(principal.tenant, response_id) if gw.retains(principal.tenant) else None
     _audit(request, action, principal, response_id, "not_found" if stored is None else "found")
     if stored is None:
         raise _not_found(response_id)
@@ -58,10 +65,24 @@ async def get_response(request: Request, gw: Gateway) -> Response:
     rid = request.path_params["response_id"]
     try:
         principal = gw.auth.authenticate(request.headers.get("authorization"))
+        if request.query_params.get("stream") in ("true", "1"):
+            _audit(request, "stream", principal, rid, "requested")
+            return _Resume(gw, principal, rid)
         stored = await _read(request, gw, principal, rid, "get")
     except GatewayError as err:
         return error_response(err)
     return json_response(stored.resource)
+
+
+class _Resume(Response):
+    """A background response's stream, resumed (``gateway/api/background.py`` ``resume``)."""
+
+    def __init__(self, gw: Gateway, principal: Principal, response_id: str) -> None:
+        super().__init__()
+        self.gw, self.principal, self.response_id = gw, principal, response_id
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await background.resume(scope, receive, send, self.gw, self.principal, self.response_id)
 
 
 async def delete_response(request: Request, gw: Gateway) -> Response:

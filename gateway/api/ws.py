@@ -28,7 +28,7 @@ from gateway.engine.auth import Principal
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.steer_input import with_steering
 from gateway.engine.turn import Emit, TurnResult
-from gateway.engine.validate import create_request
+from gateway.engine.validate import create_request, no_background
 from gateway.kernel.errors import (
     ConnectionLimitReached,
     ErrorCode,
@@ -489,6 +489,7 @@ class TurnCycle:
             model = data.get("model")
             rlog.fields["model"] = model if isinstance(model, str) else None
             body = create_request(data, gw.settings.limits)
+            no_background(body)
             turn = await gw.prepare(
                 body,
                 principal,

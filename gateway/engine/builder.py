@@ -37,10 +37,12 @@ Event = dict[str, Any]
 
 class ResponseState(Enum):
     NEW = "new"
+    QUEUED = "queued"  # a background response waiting for a concurrency slot
     IN_PROGRESS = "in_progress"
     COMPLETED = "completed"
     INCOMPLETE = "incomplete"
     FAILED = "failed"
+    CANCELLED = "cancelled"
 
 
 class OutputState(Enum):
@@ -117,7 +119,12 @@ _REASONING = _PartKind(
 # Bound once: the per-delta checks compare against these.
 _LIVE = ResponseState.IN_PROGRESS
 _OPEN = OutputState.IN_PROGRESS
-_TERMINAL = (ResponseState.COMPLETED, ResponseState.INCOMPLETE, ResponseState.FAILED)
+_TERMINAL = (
+    ResponseState.COMPLETED,
+    ResponseState.INCOMPLETE,
+    ResponseState.FAILED,
+    ResponseState.CANCELLED,
+)
 _INCOMPLETE_REASON = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 
@@ -273,15 +280,29 @@ class ResponseBuilder:
         return snap
 
     # -- lifecycle --------------------------------------------------------------------------------
-    def start(self) -> list[Event]:
+    def queued(self) -> list[Event]:
+        """A background response waits for a slot: ``response.created`` and ``response.queued``,
+        status ``queued``; ``start()`` then emits ``response.in_progress`` alone."""
         if self.state is not ResponseState.NEW:
-            raise IllegalTransition("start() called twice")
-        self.state = ResponseState.IN_PROGRESS
-        self.resource["status"] = "in_progress"
+            raise IllegalTransition("queued() after the response started")
+        self.state = ResponseState.QUEUED
+        self.resource["status"] = "queued"
         return [
             self._event("response.created", response=self._snapshot()),
-            self._event("response.in_progress", response=self._snapshot()),
+            self._event("response.queued", response=self._snapshot()),
         ]
+
+    def start(self) -> list[Event]:
+        if self.state not in (ResponseState.NEW, ResponseState.QUEUED):
+            raise IllegalTransition("start() called twice")
+        was = self.state
+        self.state = ResponseState.IN_PROGRESS
+        self.resource["status"] = "in_progress"
+        events = (
+            [self._event("response.created", response=self._snapshot())] if was is ResponseState.NEW else []
+        )
+        events.append(self._event("response.in_progress", response=self._snapshot()))
+        return events
 
     def feed(self, delta: Delta) -> list[Event]:
         if self.state is not _LIVE:
@@ -384,6 +405,21 @@ class ResponseBuilder:
         if self.state in _TERMINAL:
             raise IllegalTransition(f"fail() after the response ended ({self.state.value})")
         started = self.state is ResponseState.IN_PROGRESS
+        self._cut_open()
+        self.state = ResponseState.FAILED
+        return self._failed(error, started)
+
+    def cancel(self) -> list[Event]:
+        """End a background response its client cancelled: open items are left ``incomplete`` in
+        the final output (as by ``fail()``), then ``response.cancelled`` with status ``cancelled``."""
+        if self.state not in (_LIVE, ResponseState.QUEUED):
+            raise IllegalTransition(f"cancel() after the response left in_progress ({self.state.value})")
+        self._cut_open()
+        self.state = ResponseState.CANCELLED
+        self.resource["status"] = "cancelled"
+        return [self._event("response.cancelled", response=self.resource)]
+
+    def _cut_open(self) -> None:
         cur = self._open
         if cur.state is _OPEN:  # keep what was streamed so far in the final snapshot
             if cur.part_state is _OPEN:
@@ -391,8 +427,6 @@ class ResponseBuilder:
             elif cur.kind == "function_call":
                 cur.item["arguments"] = "".join(cur.texts)
             cur.end(OutputState.INCOMPLETE)
-        self.state = ResponseState.FAILED
-        return self._failed(error, started)
 
     def revoke(self, error: GatewayError) -> list[Event]:
         """Replace a terminal event computed by ``finish()`` but not yet sent with ``error`` +

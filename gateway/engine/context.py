@@ -94,6 +94,12 @@ async def _history(
     chain = await store.chain(tenant, previous_id, max_depth)
     if not chain:
         raise PreviousResponseNotFound(previous_id)
+    if chain[-1].resource.get("status") in ("queued", "in_progress"):  # a background one, running
+        raise InvalidRequest(
+            f"Previous response '{previous_id}' is still in progress: continue it once it has ended.",
+            param="previous_response_id",
+            code=ErrorCode.INVALID_VALUE,
+        )
     history: list[Item] = []
     param = "previous_response_id"
     for stored in chain:

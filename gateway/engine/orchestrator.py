@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import orjson
 
 from gateway.engine.auth import Authenticator, Principal
+from gateway.engine.background import LEASE_SECONDS
 from gateway.engine.context import CompactionOpener, Context, build_context
 from gateway.engine.limits import Reservation, TenantLimiter
 from gateway.engine.observed_store import ObservedStore
@@ -38,7 +39,10 @@ from gateway.engine.usage import Meter
 from gateway.kernel.errors import (
     ContextLengthExceeded,
     ErrorCode,
+    GatewayError,
     InvalidRequest,
+    RateLimited,
+    ServerError,
     ServiceUnavailable,
     UpstreamError,
 )
@@ -46,6 +50,7 @@ from gateway.kernel.estimate import estimate, estimate_bytes, estimate_text
 from gateway.kernel.ids import response_id
 from gateway.kernel.settings import Settings
 from gateway.kernel.spec.request import CreateResponseBody
+from state.background import BackgroundLog, MemoryBackgroundLog
 from state.base import ConnectionCache, PendingResponse, ResponseStore, StoredResponse
 from state.limits.base import Check, CheckKind, Limiter
 from state.limits.memory import MemoryLimiter
@@ -54,6 +59,17 @@ from state.usage import MemoryLedger, UsageLedger
 # Admits the request whose context is being compacted, before the summarizing call: its argument is
 # the estimate, in tokens, of the compacted context (Gateway.prepare adds the output reservation).
 Admit = Callable[[int], Awaitable[None]]
+
+
+def ended(result: TurnResult) -> None:
+    """A background response that did not complete, as it is kept: failed (with its error) or
+    cancelled, never left ``in_progress``."""
+    res = result.resource
+    if res["status"] in ("queued", "in_progress"):
+        res["status"] = "cancelled" if result.status == "cancelled" else "failed"
+    err = result.error
+    if res["status"] == "failed" and res.get("error") is None:
+        res["error"] = (err or ServerError("The response ended before it was generated.")).response_error()
 
 
 def _only(checks: list[Check], labels: list[str], *kinds: CheckKind) -> tuple[list[Check], list[str]]:
@@ -138,6 +154,7 @@ class Gateway:
         compact_context: ContextCompactor | None = None,
         ledger: UsageLedger | None = None,
         limiter: Limiter | None = None,
+        background_log: BackgroundLog | None = None,
         observer: Observer = NOOP_OBSERVER,
         tracer: Tracer = NOOP_TRACER,
     ) -> None:
@@ -155,6 +172,8 @@ class Gateway:
         # observed: a failed check counts in the store's error metric
         self.store_health = StoreHealth(self.store, settings.state.health_recheck_seconds)
         self.limits = TenantLimiter(settings, limiter or MemoryLimiter(), observer=observer)
+        # background responses' event logs and leases (gateway/engine/background.py)
+        self.background_log: BackgroundLog = background_log or MemoryBackgroundLog()
 
     def retains(self, tenant: str) -> bool:
         """Whether the tenant's conversations may be stored (``retention: standard``)."""
@@ -207,6 +226,7 @@ class Gateway:
         metered: bool = True,
         affinity: str | None = None,
         admitted: bool = False,
+        behind: bool = False,
     ) -> Turn:
         """The turn of a validated request (``gateway/engine/validate.py``). ``streaming``: the
         caller relays deltas as they come (SSE, WebSocket); False lets the adapter ask for an
@@ -215,10 +235,23 @@ class Gateway:
         caller's own turns (a WebSocket connection's ``turn.affinity``), to keep them on one
         deployment; a request's ``prompt_cache_key`` still comes first. ``admitted``: the turn
         serves a request already admitted (a compaction's summarizing call): it is charged only its
-        tokens, not one more request or lease."""
+        tokens, not one more request or lease.
+
+        A ``background`` request is admitted without its concurrency slot, which it then takes
+        (``take_slot``) unless ``behind`` (others of its tenant wait for one already) or the
+        tenant has none free: it is then ``queued``, and its runner waits for one
+        (gateway/engine/background.py)."""
         assert body.model is not None  # validate.create_request requires it
         route = self.route(body.model, principal)
         store = True if body.store is None else body.store
+        background = bool(body.background)
+        if background and not self.retains(principal.tenant):
+            raise InvalidRequest(
+                "This tenant's conversations are not retained (retention: none), and a background "
+                "response must be stored: send background: false.",
+                param="background",
+                code=ErrorCode.STORE_NOT_ALLOWED,
+            )
         if not self.retains(principal.tenant):
             # An omitted store (the spec's default true) means false here; an explicit true is
             # refused, so that no client silently loses a response it asked to keep.
@@ -252,6 +285,8 @@ class Gateway:
         # before a compaction's summarizing call (``admit``, which the compactor calls with the
         # estimate of the compacted context): a refused request spends no summary.
         checks, labels = self.limits.checks(principal)
+        if background:  # its concurrency slot is taken apart: past the limit it waits, queued
+            checks, labels = _only(checks, labels, CheckKind.REQUESTS, CheckKind.TOKENS, CheckKind.BUDGET)
         if warmup:  # it spends no tokens: only the request-rate and concurrency limits apply
             checks, labels = _only(checks, labels, CheckKind.REQUESTS, CheckKind.CONCURRENCY)
         elif admitted:  # its request is counted and holds the lease: only its tokens are charged
@@ -316,7 +351,47 @@ class Gateway:
         if held is not None:
             turn.rate_standing = held.standing
             turn.on_end(self._settle_hook(held, estimated))  # runs whatever the other hooks do
+        if background:
+            await self._publish(turn, principal, body, behind)
         return turn
+
+    async def take_slot(self, turn: Turn, principal: Principal) -> None:
+        """The background ``turn``'s concurrency slot (released by its end-of-turn hooks); raises
+        the refusal (RateLimited) while the tenant has none free."""
+        checks, labels = _only(*self.limits.checks(principal), CheckKind.CONCURRENCY)
+        slot = await self.limits.reserve(principal, checks, labels, 0, seconds=turn.route.total_seconds)
+        if slot is not None:
+            turn.on_end(lambda _: self.limits.settle_soon(slot, 0))
+
+    async def _publish(
+        self, turn: Turn, principal: Principal, body: CreateResponseBody, behind: bool
+    ) -> None:
+        """A background response is readable while it runs: stored now with its status, queued or
+        in_progress (it replaces the write-ahead record); its end-of-turn store write replaces
+        this. A refusal here (the limiter down, a store that cannot take it) ends the turn unrun
+        (its hooks release everything)."""
+        res = turn.result.resource
+        try:
+            queued = behind
+            if not behind:
+                try:
+                    await self.take_slot(turn, principal)
+                except RateLimited:
+                    queued = True
+            if queued:
+                res["status"] = "queued"
+            # the lease first: a reader that sees the response running and no lease takes it for
+            # an orphan (its owner died)
+            await self.background_log.claim(principal.tenant, res["id"], LEASE_SECONDS)
+            try:
+                await self.store.put(self._stored(res, principal, body, turn.result.context))
+            except ServiceUnavailable:
+                self.store_health.report(False)
+                raise
+        except GatewayError as exc:
+            await turn.discard(exc)
+            raise
+        turn.result.published = True
 
     @staticmethod
     def _response_id(body: CreateResponseBody, route: Route, ctx: Context, affinity: str | None) -> str:
@@ -364,22 +439,27 @@ class Gateway:
             tracer=self.tracer,
         )
         if store:
-            stored = StoredResponse(
-                id=rid,
-                tenant=principal.tenant,
-                model=route.model,
-                # A compacted turn's window (its first output) supersedes the chain before it: it
-                # is stored as the start of a new chain (its resource still echoes the id).
-                previous_response_id=None if ctx.compacted else body.previous_response_id,
-                input_items=ctx.input_items,
-                resource=resource,
-                created_at=resource["created_at"],
-                stored_at=time.time(),
-            )
-            turn.on_end(self._store_hook(stored))
+            turn.on_end(self._store_hook(self._stored(resource, principal, body, ctx)))
         if metered:
             turn.on_end(self.meter.hook(principal, route.model))
         return turn
+
+    @staticmethod
+    def _stored(
+        resource: dict[str, Any], principal: Principal, body: CreateResponseBody, ctx: Context
+    ) -> StoredResponse:
+        return StoredResponse(
+            id=resource["id"],
+            tenant=principal.tenant,
+            model=resource["model"],
+            # A compacted turn's window (its first output) supersedes the chain before it: it
+            # is stored as the start of a new chain (its resource still echoes the id).
+            previous_response_id=None if ctx.compacted else body.previous_response_id,
+            input_items=ctx.input_items,
+            resource=resource,
+            created_at=resource["created_at"],
+            stored_at=time.time(),
+        )
 
     def _settle_hook(self, held: Reservation, estimated: int) -> Callable[[TurnResult], Awaitable[None]]:
         async def settle(result: TurnResult) -> None:
@@ -400,8 +480,10 @@ class Gateway:
 
         async def keep(result: TurnResult) -> None:
             if not result.ended:
-                await self.store_health.release(stored.tenant, stored.id)
-                return
+                if not result.published:
+                    await self.store_health.release(stored.tenant, stored.id)
+                    return
+                ended(result)  # a background response is kept however it ended
             stored.resource = result.resource
             try:
                 await self.store.put(stored)
@@ -416,3 +498,4 @@ class Gateway:
         await self.meter.ledger.aclose()
         await self.store.aclose()
         await self.limits.aclose()
+        await self.background_log.aclose()

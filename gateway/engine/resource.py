@@ -125,7 +125,7 @@ def new_resource(
         "max_output_tokens": body.max_output_tokens,
         "max_tool_calls": body.max_tool_calls,
         "store": store,
-        "background": False,
+        "background": bool(body.background),
         "service_tier": body.service_tier or "default",
         "metadata": body.metadata or {},
         "safety_identifier": body.safety_identifier,

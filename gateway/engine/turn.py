@@ -36,7 +36,7 @@ import structlog
 from adapters.base import Applies, UpstreamRequest
 from adapters.deltas import Delta, Finish, ItemDone, TextDelta, ToolCallArgsDelta, ToolCallStart, Usage
 from gateway.engine.balance import Lease
-from gateway.engine.builder import ResponseBuilder
+from gateway.engine.builder import ResponseBuilder, ResponseState
 from gateway.engine.context import Context
 from gateway.engine.routing import Deployment, Route
 from gateway.engine.telemetry import (
@@ -77,6 +77,7 @@ class TurnResult:
     usage: dict[str, Any] | None = None
     error: GatewayError | None = None
     started: bool = False
+    published: bool = False  # a background response, stored as it stands: kept however it ends
 
     @property
     def ended(self) -> bool:
@@ -148,6 +149,7 @@ class Turn:
     __slots__ = (
         "_allowed",
         "_call",
+        "_cancel",
         "_cut",
         "_decided",
         "_dropped",
@@ -207,6 +209,7 @@ class Turn:
         self.compaction: dict[str, Any] | None = None
         # a stop was asked for: with this incomplete_details.reason, or a failure (``abort``)
         self._stop: str | GatewayError | None = None
+        self._cancel = False  # the stop is a cancellation (``cancel``: a background response's)
         self._decided = False  # the stream loop is over: a stop can no longer change the outcome
         self._opening = False  # the turn is opening: awaiting the upstream's first delta (or a backoff)
         self._reading = False  # the relay is awaiting the upstream's next delta
@@ -252,6 +255,17 @@ class Turn:
         self._cut_wait(opening=True)
         return True
 
+    def cancel(self) -> bool:
+        """End the response now as ``cancelled`` (its client cancelled a background response), as
+        ``abort`` ends it failed: at once while waiting on the upstream, else at its next delta;
+        the upstream call is cancelled, the end-of-turn hooks run, then ``response.cancelled``.
+        False: too late, the outcome is already decided."""
+        if self._decided:
+            return False
+        self._stop, self._cancel = "cancelled", True
+        self._cut_wait(opening=True)
+        return True
+
     def _cut_wait(self, opening: bool = False) -> None:
         """Cancel the await on the upstream: the relay's, and with ``opening`` the opening's."""
         waiting = self._reading or (opening and self._opening)
@@ -262,17 +276,36 @@ class Turn:
     def _stop_now(self) -> bool:
         """A stop is pending that need not wait for anything (no call open, or a failure)."""
         stop = self._stop
-        return stop is not None and (not self.builder.call_open or isinstance(stop, GatewayError))
+        return stop is not None and (
+            not self.builder.call_open or self._cancel or isinstance(stop, GatewayError)
+        )
+
+    async def discard(self, error: GatewayError | None) -> None:
+        """End a prepared turn that will not run: failed with ``error`` (refused after all), or
+        cancelled (None: a queued background response); its end-of-turn hooks run once, nothing
+        was sent upstream."""
+        self.result.error = error
+        self.result.status = "failed" if error is not None else "cancelled"
+        await self._end()
 
     # -- the runner ------------------------------------------------------------------------------
     async def run(
-        self, emit: Emit | None = None, *, opened: Callable[[], Awaitable[None]] | None = None
+        self,
+        emit: Emit | None = None,
+        *,
+        opened: Callable[[], Awaitable[None]] | None = None,
+        announce: bool = False,
     ) -> TurnResult:
         """Open, then relay every event to ``emit``; ``opened`` is awaited once the upstream has
         answered, before the first event (an SSE response sends its headers there). Raises the
-        ``GatewayError`` of a turn that fails before its first event; otherwise returns the result."""
+        ``GatewayError`` of a turn that fails before its first event; otherwise returns the result.
+        ``announce``: ``response.created`` and ``response.in_progress`` go to ``emit`` before the
+        upstream is opened (a background response's readers see it at once), not after."""
         try:
             self._task = asyncio.current_task()
+            if announce and emit is not None and self.builder.state is not ResponseState.IN_PROGRESS:
+                for ev in self.builder.start():
+                    await emit(ev)
             self._opening = True
             try:
                 await self._open()
@@ -469,8 +502,9 @@ class Turn:
         count = 0
         self._task = asyncio.current_task()
         try:
-            for ev in b.start():
-                yield ev
+            if b.state is not ResponseState.IN_PROGRESS:  # not announced already
+                for ev in b.start():
+                    yield ev
             if self.compaction is not None:
                 for ev in b.compaction(self.compaction):
                     yield ev
@@ -545,6 +579,8 @@ class Turn:
         if isinstance(stop, GatewayError):
             log.warning("turn_aborted", request_id=self.result.request_id, code=stop.code)
             return self._failed(stop)
+        if self._cancel:
+            return self.builder.cancel()
         return self.builder.interrupt(stop)
 
     def _failed(self, error: GatewayError) -> list[Event]:
@@ -555,7 +591,7 @@ class Turn:
     def _stops_before(self, delta: Delta) -> bool:
         """A stop is pending: whether to end before ``delta`` (only an open call's own deltas pass,
         and not even those for a failure)."""
-        if isinstance(self._stop, GatewayError):
+        if self._cancel or isinstance(self._stop, GatewayError):
             return True
         return not (self.builder.call_open and isinstance(delta, _CALL_PARTS))
 

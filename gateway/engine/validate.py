@@ -116,18 +116,29 @@ def _check_model(model: str | None) -> None:
 def create_request(data: Any, limits: Limits) -> CreateResponseBody:
     """A ``POST /v1/responses`` body or a WebSocket ``response.create`` (its envelope keys already
     removed) validated: the input-element limit, the wire model, the nesting of its free-form
-    JSON, a model named, no background."""
+    JSON, a model named, and a background response stored (``no_background``: the WebSocket's
+    refusal of ``background``)."""
     body = parse_model(CreateResponseBody, data, max_elements=limits.max_input_elements)
     _check_depth(body, limits.max_json_depth)
-    if body.background:
+    if body.background and body.store is False:
         raise InvalidRequest(
-            "Background responses are not supported.",
+            "A background response must be stored: send store: true (or omit it) with background: true.",
             param="background",
-            code=ErrorCode.UNSUPPORTED_PARAMETER,
+            code=ErrorCode.INVALID_VALUE,
         )
     _check_model(body.model)
     _check_context_management(body)
     return body
+
+
+def no_background(body: CreateResponseBody) -> None:
+    """The WebSocket's rule: a turn there is never ``background`` (the spec forbids it)."""
+    if body.background:
+        raise InvalidRequest(
+            "Background responses are not supported on the WebSocket: use POST /v1/responses.",
+            param="background",
+            code=ErrorCode.UNSUPPORTED_PARAMETER,
+        )
 
 
 def _check_context_management(body: CreateResponseBody) -> None:

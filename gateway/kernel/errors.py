@@ -109,6 +109,7 @@ class ErrorCode(StrEnum):
     UNKNOWN_MESSAGE_TYPE = "unknown_message_type", 400
     WEBSOCKET_LANE_LIMIT = "websocket_lane_limit", 429
     WEBSOCKET_QUEUE_FULL = "websocket_queue_full", 429
+    BACKGROUND_QUEUE_FULL = "background_queue_full", 429
     # content a provider cannot take (found before the upstream call)
     UNSUPPORTED_CONTENT = "unsupported_content", 400
     INVALID_IMAGE_URL = "invalid_image_url", 400

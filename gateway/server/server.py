@@ -84,6 +84,9 @@ class GatewayServer(Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.drain_seconds
+        runs = getattr(self.gateway_app.state, "background", None)
+        if runs is not None:
+            runs.accepting = False  # new background work goes to another replica
         for server in self.servers:
             server.close()
         for sock in sockets or []:
@@ -117,10 +120,11 @@ class GatewayServer(Server):
         await super().shutdown(sockets)
 
     async def _settle(self, until: float) -> bool:
-        """Wait for the handlers in flight (HTTP requests, WebSockets) until ``until`` or a second
-        Ctrl-C; whether none is left."""
+        """Wait for the handlers in flight (HTTP requests, WebSockets) and the background responses
+        running here until ``until`` or a second Ctrl-C; whether none is left."""
         loop = asyncio.get_running_loop()
-        while tasks := self.server_state.tasks:
+        runs = getattr(self.gateway_app.state, "background", None)
+        while tasks := self.server_state.tasks | (runs.tasks if runs is not None else set()):
             left = until - loop.time()
             if left <= 0 or self.force_exit:
                 return False

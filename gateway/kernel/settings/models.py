@@ -330,6 +330,8 @@ class Limits(_Strict):
     max_ws_frame_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     ws_connection_seconds: float = Field(default=3600.0, gt=0)
     ws_queue_size: int = Field(default=16, ge=1)
+    # background responses of one tenant waiting for a concurrency slot, per process (past: 429)
+    background_queue_size: int = Field(default=100, ge=0)
     ws_cache_entries: int = Field(default=8, ge=1)
     # lanes (stream_id) of one socket running at once, the default lane included
     ws_max_lanes: int = Field(default=4, ge=1)
