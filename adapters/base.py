@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from adapters.deltas import Delta
 
@@ -87,11 +87,10 @@ class Adapter(Protocol):
     async def aclose(self) -> None: ...
 
 
-@runtime_checkable
 class Applies(Protocol):
-    """An adapter whose provider does not apply every value the response states (its sampling,
-    its ``top_logprobs``): :meth:`applied` names the resource fields it applies otherwise, with
-    what it applies (the turn corrects the resource before ``response.created``). An adapter
-    without it applies the request as stated."""
+    """An adapter's ``applied`` method, where its provider does not apply every value the response
+    states (its sampling, its ``top_logprobs``): it names the resource fields it applies otherwise,
+    with what it applies (the turn corrects the resource before ``response.created``). An adapter
+    without one applies the request as stated."""
 
-    def applied(self, request: UpstreamRequest) -> dict[str, Any]: ...
+    def __call__(self, request: UpstreamRequest) -> dict[str, Any]: ...

@@ -94,6 +94,8 @@ class HTTPStreamAdapter(Generic[T]):
         fixed = (self.provider_headers(settings.resolved_api_key()), settings.headers)
         self._headers = one_per_name({"accept": "text/event-stream"}, *fixed)
         self._json_headers = one_per_name({"accept": "application/json"}, *fixed)
+        # temperature/top_p at the spec's 1.0 sent or not (ProviderSettings.sends_default_sampling)
+        self.send_defaults = settings.sends_default_sampling()
 
     # -- what a provider states --------------------------------------------------------------
     def provider_headers(self, key: str | None) -> dict[str, str]:

@@ -34,7 +34,7 @@ class AnthropicAdapter(HTTPStreamAdapter[MessagesStreamTranslator]):
             request,
             default_max_tokens=settings.default_max_tokens,
             caching=caching,
-            send_defaults=settings.sends_default_sampling(),
+            send_defaults=self.send_defaults,
         )
 
     def applied(self, request: UpstreamRequest) -> dict[str, Any]:
@@ -42,7 +42,7 @@ class AnthropicAdapter(HTTPStreamAdapter[MessagesStreamTranslator]):
         return applied(
             request,
             default_max_tokens=settings.default_max_tokens,
-            send_defaults=settings.sends_default_sampling(),
+            send_defaults=self.send_defaults,
         )
 
     def translator(self) -> MessagesStreamTranslator:

@@ -27,7 +27,7 @@ class OpenAIChatAdapter(HTTPStreamAdapter[ChatStreamTranslator]):
     done_marker = True
 
     def body(self, request: UpstreamRequest) -> ChatRequest:
-        return build_body(request, send_defaults=self.settings.sends_default_sampling())
+        return build_body(request, send_defaults=self.send_defaults)
 
     def translator(self) -> ChatStreamTranslator:
         return ChatStreamTranslator()

@@ -28,7 +28,7 @@ class OpenAIResponsesAdapter(HTTPStreamAdapter[ResponsesStreamTranslator]):
     named_events = True
 
     def body(self, request: UpstreamRequest) -> ResponsesRequest:
-        return build_body(request, send_defaults=self.settings.sends_default_sampling())
+        return build_body(request, send_defaults=self.send_defaults)
 
     def translator(self) -> ResponsesStreamTranslator:
         return ResponsesStreamTranslator()

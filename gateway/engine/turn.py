@@ -415,9 +415,11 @@ class Turn:
                     raise
                 call.lease.opened()
                 self._stream, self._call = stream, call
-                adapter = call.deployment.adapter
-                if isinstance(adapter, Applies):  # the resource states what was applied
-                    self.builder.resource.update(adapter.applied(call.request))
+                # the resource states what was applied (a getattr: a runtime Protocol check costs
+                # ~20 us a turn)
+                applied: Applies | None = getattr(call.deployment.adapter, "applied", None)
+                if applied is not None:
+                    self.builder.resource.update(applied(call.request))
                 if call.request.stream:
                     self.observer.first_token(primary, call.deployment, time.perf_counter() - began)
                 if route is not primary:
