@@ -16,6 +16,7 @@ SCENARIOS: dict[str, tuple[str, str]] = {
     "client_cost": ("bench.scenarios.client_cost", "CPU per upstream call of the gateway's HTTP client"),
     "chain_cost": ("bench.scenarios.chain_cost", "continuation cost against chain length, memory and Redis"),
     "overhead": ("bench.scenarios.overhead", "observability's cost: tracing off, on, metrics scraped"),
+    "resume": ("bench.scenarios.resume", "replaying a background response's 4,096-event stream"),
     "instructions": ("bench.scenarios.instructions", "instructions per WebSocket turn, counted by callgrind"),
 }
 TOOLS: dict[str, tuple[str, str]] = {
