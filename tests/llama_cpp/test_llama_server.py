@@ -224,3 +224,37 @@ async def test_disconnect_stops_the_server(llama: LlamaServer, llama_gateway: Se
     while llama.busy_slots() and time.monotonic() < deadline:  # noqa: ASYNC110 (another process's state)
         await asyncio.sleep(0.02)
     assert llama.busy_slots() == 0, "the server stopped generating after the client left"
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_background_poll_resume_and_cancel(
+    llama: LlamaServer, llama_gateway: ServedApp, model: str
+) -> None:
+    """``background: true`` through the server: polled to its end, its stream resumed from a point,
+    and a long one cancelled, which stops the server's generation too."""
+    sdk = client(llama_gateway)
+    response = await sdk.responses.create(
+        model=model, input="Say hi.", background=True, max_output_tokens=16, temperature=0
+    )
+    assert response.status in ("queued", "in_progress")
+    deadline = time.monotonic() + 60
+    while response.status in ("queued", "in_progress") and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        response = await sdk.responses.retrieve(response.id)
+    assert response.status in ("completed", "incomplete") and response.output_text.strip()
+    resumed = [
+        event async for event in await sdk.responses.retrieve(response.id, stream=True, starting_after=2)
+    ]
+    assert resumed[0].sequence_number == 3 and resumed[-1].type == f"response.{response.status}"
+    long = await sdk.responses.create(
+        model=model, input="Write a very long story about a dragon.", background=True, max_output_tokens=2000
+    )
+    while llama.busy_slots() == 0 and time.monotonic() < deadline:  # noqa: ASYNC110 (another process's state)
+        await asyncio.sleep(0.02)
+    assert llama.busy_slots() == 1, "the server is generating the long one"
+    cancelled = await sdk.responses.cancel(long.id)
+    assert cancelled.status == "cancelled"
+    stop_by = time.monotonic() + 5
+    while llama.busy_slots() and time.monotonic() < stop_by:  # noqa: ASYNC110
+        await asyncio.sleep(0.02)
+    assert llama.busy_slots() == 0, "the cancel stopped the server's generation"
