@@ -11,6 +11,8 @@ shutdown waits for it until its drain deadline and then ends it failed."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -42,6 +44,9 @@ SSE_HEADERS = [
 ]
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 CANCEL_WAIT_SECONDS = 15.0  # a cancel answers once the response has ended, or after this long
+
+if TYPE_CHECKING:
+    from state.base import StoredResponse
 
 
 def runs_of(request: Request) -> BackgroundRuns:
@@ -158,6 +163,19 @@ def starting_after(request: Request) -> int:
     return value
 
 
+async def _background_of(
+    gw: Gateway, runs: BackgroundRuns, principal: Principal, rid: str, refusal: str, param: str
+) -> StoredResponse:
+    """The caller's response ``rid`` as it stands: NotFound when its tenant has none by that id, an
+    InvalidRequest (``refusal``, on ``param``) when it was not created in the background."""
+    stored = await runs.current(principal.tenant, rid) if gw.retains(principal.tenant) else None
+    if stored is None:
+        raise _not_found(rid)
+    if not stored.resource.get("background"):
+        raise InvalidRequest(refusal, param=param, code=ErrorCode.INVALID_VALUE)
+    return stored
+
+
 async def resume(
     scope: Scope, receive: Receive, send: Send, gw: Gateway, principal: Principal, rid: str
 ) -> None:
@@ -167,15 +185,14 @@ async def resume(
     runs = runs_of(request)
     try:
         after = starting_after(request)
-        stored = await runs.current(principal.tenant, rid) if gw.retains(principal.tenant) else None
-        if stored is None:
-            raise _not_found(rid)
-        if not stored.resource.get("background"):
-            raise InvalidRequest(
-                "Only a background response can be streamed: this one was not created with background: true.",
-                param="stream",
-                code=ErrorCode.INVALID_VALUE,
-            )
+        await _background_of(
+            gw,
+            runs,
+            principal,
+            rid,
+            "Only a background response can be streamed: this one was not created with background: true.",
+            "stream",
+        )
     except GatewayError as err:
         await error_response(err)(scope, receive, send)
         return
@@ -191,15 +208,14 @@ async def cancel_response(request: Request, gw: Gateway) -> Response:
     runs = runs_of(request)
     try:
         principal = gw.auth.authenticate(request.headers.get("authorization"))
-        stored = await runs.current(principal.tenant, rid) if gw.retains(principal.tenant) else None
-        if stored is None:
-            raise _not_found(rid)
-        if not stored.resource.get("background"):
-            raise InvalidRequest(
-                "Only a response created with background: true can be cancelled.",
-                param="response_id",
-                code=ErrorCode.INVALID_VALUE,
-            )
+        stored = await _background_of(
+            gw,
+            runs,
+            principal,
+            rid,
+            "Only a response created with background: true can be cancelled.",
+            "response_id",
+        )
         if stored.resource.get("status") in RUNNING:
             await runs.cancel(principal.tenant, rid)
             ended = await runs.wait_ended(principal.tenant, rid, CANCEL_WAIT_SECONDS)

