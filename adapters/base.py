@@ -8,6 +8,18 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from adapters.deltas import Delta
+from gateway.kernel.client_api import ClientApi
+
+
+@dataclass(slots=True, frozen=True)
+class NativeFields:
+    """The fields of a request in another client API (``api``: Chat Completions, Messages) that the
+    engine's request has no place for (``seed``, ``stop``, ``top_k``, ``logit_bias`` …), as the
+    client sent them. An adapter of the same API sends them on unchanged (no lossy round trip);
+    another maps those it can express and leaves the rest."""
+
+    api: ClientApi
+    fields: dict[str, Any]
 
 
 @dataclass(slots=True)
@@ -68,6 +80,8 @@ class UpstreamRequest:
     # When the whole request must be over (time.monotonic()), retries and fallbacks included: an
     # adapter bounds its call by what is left of it as well as by its own total timeout.
     deadline: float | None = None
+    # A Chat Completions or Messages ingress's own fields (None for an Open Responses request).
+    native: NativeFields | None = None
 
     def seconds_left(self, cap: float) -> float:
         """``cap``, or less when the request's deadline comes sooner (never below a millisecond)."""

@@ -19,6 +19,7 @@ from gateway.api.encode import json_bytes
 from gateway.engine.limits import reset_text
 from gateway.engine.telemetry import NOOP_SPAN, Span
 from gateway.engine.validate import parse_json
+from gateway.kernel.client_api import ClientApi
 from gateway.kernel.errors import GatewayError, InvalidRequest, PayloadTooLarge, RateLimited, RateStanding
 from gateway.kernel.ids import new_id, safe_id
 from gateway.kernel.settings import Limits
@@ -113,15 +114,22 @@ class RequestLog:
 
     __slots__ = ("fields", "routed", "span", "start")
 
-    def __init__(self, request: Request, transport: str, request_id: str | None = None) -> None:
+    def __init__(
+        self,
+        request: Request,
+        transport: str,
+        request_id: str | None = None,
+        api: ClientApi = ClientApi.RESPONSES,
+    ) -> None:
         """``request_id``: the caller's own (a WebSocket turn's); else the client's X-Request-Id
-        when it is id-shaped, or a new one."""
+        when it is id-shaped, or a new one. ``api``: the client API the request came in by."""
         self.start = time.perf_counter()
         self.routed = False  # the model resolved to a route: it may label metrics
         self.span: Span = NOOP_SPAN  # the request's span (tracing), told how it ended
         self.fields: dict[str, Any] = {
             "request_id": request_id or safe_id(request.headers.get("x-request-id")) or new_id("req"),
             "transport": transport,
+            "api": api.value,
         }
 
     @property
@@ -181,6 +189,7 @@ class RequestLog:
             provider=fields.get("provider"),
             error_code=fields.get("error_code"),
             turn=turn,
+            api=fields["api"],
         )
         if self.span.recording:
             self._trace(status)
@@ -193,6 +202,7 @@ class RequestLog:
                 "gen_ai.request.model": fields.get("model") if self.routed else None,
                 "gateway.tenant": fields.get("tenant"),
                 "gateway.request_id": fields.get("request_id"),
+                "gateway.api": fields["api"],
                 "gateway.status": str(status),
             }
         )

@@ -20,6 +20,7 @@ from prometheus_client import (
     process_collector,
 )
 
+from gateway.kernel.client_api import ClientApi
 from gateway.kernel.errors import ErrorCode
 from gateway.kernel.settings import Settings
 
@@ -31,6 +32,7 @@ TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 TRANSPORTS = frozenset({"http", "websocket", "compact"})
+APIS = frozenset(api.value for api in ClientApi)
 STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled", "in_progress"})
 OUTCOMES = frozenset(
     {"ok", "rate_limited", "timeout", "connect_error", "rejected", "server_error", "error", "cancelled"}
@@ -133,7 +135,7 @@ class Families:
             "gateway_requests_total",
             "Requests (HTTP and compaction requests, WebSocket turns, refused WebSocket upgrades) by how "
             "they ended: status is the HTTP status of a refused request or the final status of a response.",
-            ["transport", "model", "provider", "tenant", "status", "error_code"],
+            ["api", "transport", "model", "provider", "tenant", "status", "error_code"],
             registry=reg,
         )
         self.duration = Histogram(

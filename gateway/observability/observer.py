@@ -18,8 +18,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gateway.engine.routing import Deployment, Route
 from gateway.engine.telemetry import Observer
+from gateway.kernel.client_api import ClientApi
 from gateway.kernel.settings import Settings
 from gateway.observability.families import (
+    APIS,
     COMPACTIONS,
     LIMITS,
     OUTCOMES,
@@ -72,10 +74,11 @@ class Metrics(Observer):
         provider: str | None = None,
         error_code: str | None = None,
         turn: bool = True,
+        api: str = ClientApi.RESPONSES,
     ) -> None:
         """One request's end. ``turn``: a WebSocket one is a turn (gateway_websocket_turns_total),
-        unless it is a refused upgrade."""
-        key = (transport, model, status, tenant, provider, error_code, turn)
+        unless it is a refused upgrade. ``api``: the client API it came in by."""
+        key = (transport, model, status, tenant, provider, error_code, turn, api)
         hit = self._request_cache.get(key)
         if hit is None:
             hit = self._request_children(*key)
@@ -100,6 +103,7 @@ class Metrics(Observer):
         provider: str | None,
         error_code: str | None,
         turn: bool,
+        api: str,
     ) -> tuple[Any, Any, Any, tuple[Any, ...]]:
         """The series one kind of request end goes to (looked up once, then cached: ``labels()``
         costs a microsecond or two each time)."""
@@ -109,7 +113,13 @@ class Metrics(Observer):
         tenant = labels.tenant(tenant)
         status_label = labels.status(status)
         requests = families.requests.labels(
-            transport, model, labels.provider(provider), tenant, status_label, labels.error_code(error_code)
+            closed(api, APIS),
+            transport,
+            model,
+            labels.provider(provider),
+            tenant,
+            status_label,
+            labels.error_code(error_code),
         )
         turns = families.ws_turns.labels(tenant, status_label) if turn and transport == "websocket" else None
         tokens = tuple(families.tokens.labels(tenant, model, kind) for kind in TOKEN_KINDS)

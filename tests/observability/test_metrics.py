@@ -65,7 +65,14 @@ async def test_traffic_is_counted_in_every_family(served: ServedApp, fake: FakeO
     assert "no-such-model" not in text
 
     req = "gateway_requests"
-    http_ok = {"transport": "http", "model": "m", "provider": "up", "tenant": "a", "status": "completed"}
+    http_ok = {
+        "api": "responses",
+        "transport": "http",
+        "model": "m",
+        "provider": "up",
+        "tenant": "a",
+        "status": "completed",
+    }
     assert value(fams, req, "gateway_requests_total", **http_ok, error_code="-") == 2  # JSON, SSE
     # the model asked for, and the provider that answered (the fallback's)
     fallback = {**http_ok, "model": "flaky"}
