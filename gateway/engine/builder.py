@@ -12,9 +12,10 @@ order. An illegal transition raises ``IllegalTransition`` and leaves the builder
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adapters.deltas import (
     Delta,
@@ -31,6 +32,9 @@ from adapters.deltas import (
 )
 from gateway.kernel.errors import GatewayError, IllegalTransition
 from gateway.kernel.ids import new_id
+
+if TYPE_CHECKING:
+    from gateway.engine.hosted import HostedFunction
 
 Event = dict[str, Any]
 
@@ -126,6 +130,9 @@ _TERMINAL = (
     ResponseState.CANCELLED,
 )
 _INCOMPLETE_REASON = {"length": "max_output_tokens", "content_filter": "content_filter"}
+# The items a model's call to a function becomes: the client's own, or a hosted tool's receipt.
+_CALL_KINDS = frozenset({"function_call", "mcp_call", "mcp_approval_request"})
+_HOSTED_EVENTS = {"completed": "response.mcp_call.completed", "failed": "response.mcp_call.failed"}
 
 
 def _new_item(kind: str) -> dict[str, Any]:
@@ -186,6 +193,13 @@ class _OpenItem:
         self.logprobs = None
         self.template = None
 
+    def park(self) -> None:
+        """The item leaves the open slot still ``in_progress``: a hosted call whose arguments are
+        complete, to be executed and then closed (``ResponseBuilder.hosted_done``)."""
+        if self.state is not _OPEN:
+            raise IllegalTransition("only an open item can be parked")
+        self.state = OutputState.COMPLETED
+
     def end(self, to: OutputState) -> None:
         """The item's state machine: in_progress → completed | incomplete, once."""
         if self.state is not _OPEN or to is _OPEN:
@@ -210,12 +224,16 @@ _NO_ITEM: dict[str, Any] = {}
 
 class ResponseBuilder:
     __slots__ = (
+        "_base_usage",
         "_call_keys",
         "_error_event",
         "_finish",
         "_oi",
         "_open",
+        "_parked",
         "_seq",
+        "handoff",
+        "hosted",
         "resource",
         "state",
     )
@@ -232,6 +250,14 @@ class ResponseBuilder:
         self._open = _OpenItem(_NO_ITEM, None)  # the latest item and part; their states say if open
         self._call_keys: dict[int | str, dict[str, Any]] = {}
         self._finish: str | None = None
+        # hosted tools by the function name the model calls (gateway/engine/hosted.py): a call to
+        # one is an ``mcp_call`` (or ``mcp_approval_request``) item, parked until executed
+        self.hosted: Mapping[str, HostedFunction] = {}
+        self._parked: dict[int, dict[str, Any]] = {}  # output_index → its mcp_call
+        self._base_usage: dict[str, Any] | None = None  # the earlier upstream calls' (next_round)
+        # the model made a call the client answers (its own function, or an approval request): the
+        # response ends with this upstream call, whatever hosted calls it made too
+        self.handoff = False
 
     # -- events -----------------------------------------------------------------------------------
     def _next(self) -> int:
@@ -252,9 +278,11 @@ class ResponseBuilder:
         if template is None:
             item_id = cur.item["id"]
             kind = cur.part_kind
-            if kind is None:  # a function call
+            if kind is None:  # a function call, or a hosted tool's
                 event = self._event(
-                    "response.function_call_arguments.delta",
+                    "response.mcp_call_arguments.delta"
+                    if cur.kind == "mcp_call"
+                    else "response.function_call_arguments.delta",
                     item_id=item_id,
                     output_index=self._oi,
                     delta=text,
@@ -364,6 +392,7 @@ class ResponseBuilder:
             raise IllegalTransition(f"finish() after the response left in_progress ({self.state.value})")
         reason = _INCOMPLETE_REASON.get(self._finish or "")
         events = self._close_item(OutputState.INCOMPLETE if reason else OutputState.COMPLETED)
+        events += self._unpark()
         res = self.resource
         if reason:
             self.state = ResponseState.INCOMPLETE
@@ -381,7 +410,8 @@ class ResponseBuilder:
     @property
     def call_open(self) -> bool:
         """A function call's arguments are still streaming (not a safe boundary to stop at)."""
-        return self._open.is_open("function_call")
+        cur = self._open
+        return cur.state is _OPEN and cur.kind in _CALL_KINDS
 
     def interrupt(self, reason: str) -> list[Event]:
         """End the response at a safe boundary (steering): the open part is closed with the text so
@@ -392,6 +422,7 @@ class ResponseBuilder:
             raise IllegalTransition(f"interrupt() after the response left in_progress ({self.state.value})")
         cut = OutputState.COMPLETED if self.call_open else OutputState.INCOMPLETE
         events = self._close_item(cut)
+        events += self._unpark()
         res = self.resource
         self.state = ResponseState.INCOMPLETE
         res["status"] = "incomplete"
@@ -424,9 +455,12 @@ class ResponseBuilder:
         if cur.state is _OPEN:  # keep what was streamed so far in the final snapshot
             if cur.part_state is _OPEN:
                 cur.end_part(OutputState.INCOMPLETE)
-            elif cur.kind == "function_call":
+            elif cur.kind in _CALL_KINDS:
                 cur.item["arguments"] = "".join(cur.texts)
             cur.end(OutputState.INCOMPLETE)
+        for item in self._parked.values():  # hosted calls never executed
+            item["status"] = "incomplete"
+        self._parked.clear()
 
     def revoke(self, error: GatewayError) -> list[Event]:
         """Replace a terminal event computed by ``finish()`` but not yet sent with ``error`` +
@@ -465,16 +499,24 @@ class ResponseBuilder:
             return []
         item = cur.item
         events = self._close_part()
-        if cur.kind == "function_call":
+        kind = cur.kind
+        if kind in _CALL_KINDS:
             item["arguments"] = "".join(cur.texts)
-            events.append(
-                self._event(
-                    "response.function_call_arguments.done",
-                    item_id=item["id"],
-                    output_index=self._oi,
-                    arguments=item["arguments"],
+            if kind != "mcp_approval_request":  # an approval request's arguments are not streamed
+                events.append(
+                    self._event(
+                        "response.mcp_call_arguments.done"
+                        if kind == "mcp_call"
+                        else "response.function_call_arguments.done",
+                        item_id=item["id"],
+                        output_index=self._oi,
+                        arguments=item["arguments"],
+                    )
                 )
-            )
+            if kind == "mcp_call" and to is OutputState.COMPLETED:
+                cur.park()  # executed after this upstream call; closed by hosted_done
+                self._parked[self._oi] = item
+                return events
         cur.end(to)
         events.append(self._event("response.output_item.done", output_index=self._oi, item=item))
         return events
@@ -552,8 +594,12 @@ class ResponseBuilder:
     def _call_start(self, d: ToolCallStart) -> list[Event]:
         if d.key in self._call_keys:
             raise IllegalTransition(f"tool call {d.key!r} started twice")
-        if d.call_id is not None and any(v["call_id"] == d.call_id for v in self._call_keys.values()):
+        if d.call_id is not None and any(v.get("call_id") == d.call_id for v in self._call_keys.values()):
             raise IllegalTransition(f"duplicate tool call id {d.call_id!r}")
+        hosted = self.hosted.get(d.name) if self.hosted else None
+        if hosted is not None:
+            return self._hosted_start(d, hosted)
+        self.handoff = True
         item = {
             "id": new_id("fc"),
             "type": "function_call",
@@ -570,14 +616,139 @@ class ResponseBuilder:
         if self._call_keys.get(d.key) is not cur.item or cur.state is not _OPEN:
             raise IllegalTransition(f"arguments for a tool call that is not open ({d.key!r})")
         cur.texts.append(d.delta)
+        if cur.kind == "mcp_approval_request":
+            return []
         return [self._delta(d.delta)]
+
+    # -- hosted tools (gateway/engine/hosted.py) ----------------------------------------------------
+    def _hosted_start(self, d: ToolCallStart, hosted: HostedFunction) -> list[Event]:
+        """The model calls a hosted tool: an ``mcp_call`` item (its arguments stream as
+        ``response.mcp_call_arguments.*``), or an ``mcp_approval_request`` when the client must
+        approve the call first (it is announced whole, once its arguments are complete)."""
+        label = hosted.server.label
+        item: dict[str, Any]
+        if hosted.approval:
+            self.handoff = True
+            item = {
+                "id": new_id("mcpr"),
+                "type": "mcp_approval_request",
+                "status": "in_progress",
+                "server_label": label,
+                "name": hosted.tool,
+                "arguments": "",
+            }
+        else:
+            item = {
+                "id": new_id("mcp"),
+                "type": "mcp_call",
+                "status": "in_progress",
+                "server_label": label,
+                "name": hosted.tool,
+                "arguments": "",
+                "output": None,
+                "error": None,
+                "approval_request_id": None,
+            }
+        self._call_keys[d.key] = item
+        events = self._open_item(item)
+        if not hosted.approval:
+            events.append(
+                self._event("response.mcp_call.in_progress", item_id=item["id"], output_index=self._oi)
+            )
+        return events
+
+    def end_round(self) -> list[Event]:
+        """The upstream call ended: close its open item (a hosted call's is parked)."""
+        if self.state is not _LIVE:
+            raise IllegalTransition(f"end_round() after the response left in_progress ({self.state.value})")
+        return self._close_item(OutputState.COMPLETED)
+
+    def parked(self) -> list[tuple[int, dict[str, Any]]]:
+        """The hosted calls whose arguments are complete and that await execution, in output order
+        (their ``output_index`` and item)."""
+        return sorted(self._parked.items())
+
+    def hosted_done(self, index: int, outcome: Mapping[str, Any]) -> list[Event]:
+        """The parked call at ``index`` was executed: ``outcome`` sets its ``output``, ``error`` and
+        ``status`` (completed | failed); ``response.mcp_call.completed`` (or ``.failed``) and its
+        ``output_item.done``."""
+        if self.state is not _LIVE:
+            raise IllegalTransition(f"hosted_done() after the response left in_progress ({self.state.value})")
+        item = self._parked.pop(index, None)
+        if item is None:
+            raise IllegalTransition(f"no hosted call awaits execution at output_index {index}")
+        item.update(outcome)
+        return [
+            self._event(_HOSTED_EVENTS[item["status"]], item_id=item["id"], output_index=index),
+            self._event("response.output_item.done", output_index=index, item=item),
+        ]
+
+    def announce(self, item: dict[str, Any]) -> list[Event]:
+        """An item the gateway made before sampling, with its events: a listing (``mcp_list_tools``:
+        added with no tools, ``response.mcp_list_tools.in_progress`` and ``.completed``, done), or
+        an approved call it executed (``mcp_call``: added, in_progress, its arguments, completed or
+        failed, done)."""
+        if self.state is not _LIVE:
+            raise IllegalTransition("announce() outside an in-progress response")
+        events = self._close_item(OutputState.COMPLETED)
+        final = {**item, "status": "completed" if item.get("status") is None else item["status"]}
+        self._oi += 1
+        index = self._oi
+        self._open = _OpenItem(_NO_ITEM, None)
+        self.resource["output"].append(final)
+        kind = item["type"]
+        added = {**final, "status": "in_progress"}
+        item_id = item["id"]
+        if kind == "mcp_list_tools":
+            added["tools"] = []
+            steps = ["response.mcp_list_tools.in_progress", "response.mcp_list_tools.completed"]
+        else:
+            added.update(output=None, error=None)
+            steps = ["response.mcp_call.in_progress"]
+        events.append(self._event("response.output_item.added", output_index=index, item=added))
+        for step in steps:
+            events.append(self._event(step, item_id=item_id, output_index=index))
+        if kind == "mcp_call":
+            events.append(
+                self._event(
+                    "response.mcp_call_arguments.done",
+                    item_id=item_id,
+                    output_index=index,
+                    arguments=item["arguments"],
+                )
+            )
+            events.append(self._event(_HOSTED_EVENTS[final["status"]], item_id=item_id, output_index=index))
+        events.append(self._event("response.output_item.done", output_index=index, item=final))
+        return events
+
+    def next_round(self) -> None:
+        """Another upstream call of the same response begins (after hosted calls): its usage adds
+        to the earlier calls', and its finish reason replaces theirs."""
+        self._base_usage = self.resource.get("usage")
+        self._finish = None
+
+    def _unpark(self) -> list[Event]:
+        """Hosted calls still parked when the response ends (not executed): closed incomplete."""
+        events: list[Event] = []
+        for index, item in self.parked():
+            item["status"] = "incomplete"
+            events.append(self._event("response.output_item.done", output_index=index, item=item))
+        self._parked.clear()
+        return events
 
     # -- usage ------------------------------------------------------------------------------------
     def _usage(self, u: Usage) -> None:
+        inp, out, cached, reasoning = u.input_tokens, u.output_tokens, u.cached_tokens, u.reasoning_tokens
+        base = self._base_usage
+        if base is not None:  # the response's earlier upstream calls (hosted tools' rounds)
+            inp += base["input_tokens"]
+            out += base["output_tokens"]
+            cached += base["input_tokens_details"]["cached_tokens"]
+            reasoning += base["output_tokens_details"]["reasoning_tokens"]
         self.resource["usage"] = {
-            "input_tokens": u.input_tokens,
-            "output_tokens": u.output_tokens,
-            "total_tokens": u.input_tokens + u.output_tokens,
-            "input_tokens_details": {"cached_tokens": u.cached_tokens},
-            "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
+            "input_tokens": inp,
+            "output_tokens": out,
+            "total_tokens": inp + out,
+            "input_tokens_details": {"cached_tokens": cached},
+            "output_tokens_details": {"reasoning_tokens": reasoning},
         }

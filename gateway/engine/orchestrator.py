@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from gateway.engine.auth import Authenticator, Principal
 from gateway.engine.background import LEASE_SECONDS
 from gateway.engine.context import CompactionOpener, Context, build_context
+from gateway.engine.hosted import HostedTools
+from gateway.engine.hosted import plan as hosted_plan
 from gateway.engine.limits import Reservation, TenantLimiter
 from gateway.engine.observed_store import ObservedStore
 from gateway.engine.resource import Echoes, new_resource
@@ -49,12 +51,15 @@ from gateway.kernel.errors import (
 from gateway.kernel.estimate import estimate, estimate_bytes, estimate_text
 from gateway.kernel.ids import response_id
 from gateway.kernel.settings import Settings
-from gateway.kernel.spec.request import CreateResponseBody
+from gateway.kernel.spec.request import CreateResponseBody, FunctionTool, McpTool
 from state.background import BackgroundLog, MemoryBackgroundLog
 from state.base import ConnectionCache, PendingResponse, ResponseStore, StoredResponse
 from state.limits.base import Check, CheckKind, Limiter
 from state.limits.memory import MemoryLimiter
 from state.usage import MemoryLedger, UsageLedger
+
+if TYPE_CHECKING:
+    from adapters.mcp import McpHost
 
 # Admits the request whose context is being compacted, before the summarizing call: its argument is
 # the estimate, in tokens, of the compacted context (Gateway.prepare adds the output reservation).
@@ -157,8 +162,10 @@ class Gateway:
         background_log: BackgroundLog | None = None,
         observer: Observer = NOOP_OBSERVER,
         tracer: Tracer = NOOP_TRACER,
+        mcp: McpHost | None = None,
     ) -> None:
         self.settings = settings
+        self.mcp = mcp  # the MCP client of hosted tools (hosted.py); None: MCP tools refused
         self.router = router
         self.observer = observer  # metrics (gateway/engine/telemetry.py)
         self.tracer = tracer
@@ -325,6 +332,7 @@ class Gateway:
             estimated = ctx.estimated_tokens() + reserved if wants_tokens else 0
             if not charged:
                 await admit(estimated, 1)
+            hosted = await self._hosted(body, ctx, principal) if not warmup else None
             turn = self._turn(
                 body,
                 principal,
@@ -340,6 +348,8 @@ class Gateway:
                 affinity,
             )
             turn.compaction = compaction
+            if hosted is not None:
+                turn.use_hosted(hosted)
             if self.fit_context is not None and body.truncation == "auto" and not warmup:
                 turn.refit = Refit(self.fit_context, route, reserved, self.observer)
         except BaseException:  # no turn will end what was taken for it: nothing was sent upstream
@@ -354,6 +364,28 @@ class Gateway:
         if background:
             await self._publish(turn, principal, body, behind)
         return turn
+
+    async def _hosted(
+        self, body: CreateResponseBody, ctx: Context, principal: Principal
+    ) -> HostedTools | None:
+        """The request's hosted tools (its MCP servers listed, its approvals executed), or None
+        when it names none and approves nothing."""
+        found = [(t, n) for n, t in enumerate(body.tools or ()) if isinstance(t, McpTool)]
+        if not found and not any(i.get("type") == "mcp_approval_response" for i in ctx.new_items):
+            return None
+        return await hosted_plan(
+            [t for t, _ in found],
+            ctx.transcript,
+            ctx.new_items,
+            tenant=principal.tenant,
+            host=self.mcp,
+            settings=self.settings.mcp,
+            max_tool_calls=body.max_tool_calls,
+            client_functions=[t.name for t in body.tools or () if isinstance(t, FunctionTool)],
+            indexes=[n for _, n in found],
+            observer=self.observer,
+            tracer=self.tracer,
+        )
 
     async def take_slot(self, turn: Turn, principal: Principal) -> None:
         """The background ``turn``'s concurrency slot (released by its end-of-turn hooks); raises

@@ -9,20 +9,51 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.kernel.spec.request import CreateResponseBody, ToolChoiceAllowed, ToolChoiceFunction
+from gateway.kernel.spec.request import (
+    CreateResponseBody,
+    McpApprovalFilter,
+    McpTool,
+    McpToolFilter,
+    ToolChoiceAllowed,
+    ToolChoiceFunction,
+)
 
 
 def tools_echo(body: CreateResponseBody) -> list[dict[str, Any]]:
-    return [
-        {
-            "type": "function",
-            "name": t.name,
-            "description": t.description,
-            "parameters": t.parameters,
-            "strict": t.strict,
-        }
-        for t in body.tools or ()
-    ]
+    """The tools as the resource states them, in the client's order: an MCP tool without its
+    secrets (``headers``, ``authorization``)."""
+    out: list[dict[str, Any]] = []
+    for t in body.tools or ():
+        if isinstance(t, McpTool):
+            out.append(mcp_echo(t))
+        else:
+            out.append(
+                {
+                    "type": "function",
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": t.parameters,
+                    "strict": t.strict,
+                }
+            )
+    return out
+
+
+def mcp_echo(t: McpTool) -> dict[str, Any]:
+    allowed: Any = t.allowed_tools
+    if isinstance(allowed, McpToolFilter):
+        allowed = allowed.model_dump(exclude_none=True)
+    approval: Any = t.require_approval or "always"
+    if isinstance(approval, McpApprovalFilter):
+        approval = approval.model_dump(exclude_none=True)
+    return {
+        "type": "mcp",
+        "server_label": t.server_label,
+        "server_url": t.server_url,
+        "server_description": t.server_description,
+        "allowed_tools": allowed,
+        "require_approval": approval,
+    }
 
 
 def tool_choice_echo(body: CreateResponseBody) -> str | dict[str, Any]:

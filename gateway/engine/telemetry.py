@@ -79,6 +79,10 @@ class Observer:
     def compaction(self, kind: str) -> None:
         """A context was compacted (``kind``: compact | truncation)."""
 
+    def mcp_call(self, server_label: str, outcome: str, seconds: float, *, list_tools: bool = False) -> None:
+        """One call to an MCP server ended (``outcome``: ok | error | cancelled); ``list_tools``:
+        the listing of its tools, else a tool call."""
+
 
 class Span:
     """A no-op span: what the engine may tell one. Entering makes it the current span (children

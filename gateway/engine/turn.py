@@ -38,6 +38,7 @@ from adapters.deltas import Delta, Finish, ItemDone, TextDelta, ToolCallArgsDelt
 from gateway.engine.balance import Lease
 from gateway.engine.builder import ResponseBuilder, ResponseState
 from gateway.engine.context import Context
+from gateway.engine.hosted import HostedTools, function_name, receipt, upstream_items
 from gateway.engine.routing import Deployment, Route
 from gateway.engine.telemetry import (
     NOOP_OBSERVER,
@@ -48,6 +49,7 @@ from gateway.engine.telemetry import (
     upstream_outcome,
 )
 from gateway.kernel.errors import ErrorCode, GatewayError, RateStanding, ServerError, UpstreamError
+from gateway.kernel.items import output_as_input
 from gateway.kernel.settings import RetrySettings
 from gateway.kernel.tool_choice import parse_tool_choice
 
@@ -156,15 +158,18 @@ class Turn:
         "_first",
         "_hooks",
         "_hooks_done",
+        "_hosting",
         "_label",
         "_opening",
         "_reading",
+        "_round_start",
         "_stop",
         "_stream",
         "_task",
         "affinity",
         "builder",
         "compaction",
+        "hosted",
         "max_events",
         "observer",
         "rate_standing",
@@ -215,6 +220,11 @@ class Turn:
         self._reading = False  # the relay is awaiting the upstream's next delta
         self._cut = False  # the stop cancelled that await
         self._task: asyncio.Task[Any] | None = None
+        # the request's hosted tools (MCP servers, hosted.py), or None; their calls run between
+        # upstream calls, while ``_hosting``; ``_round_start``: the current call's first output
+        self.hosted: HostedTools | None = None
+        self._hosting = False
+        self._round_start = 0
         # the admission's per-minute figures (gateway/engine/limits.py): the transport's x-ratelimit-*
         self.rate_standing: RateStanding | None = None
         # truncation "auto": a shorter context after the upstream's context overflow, or None
@@ -268,7 +278,7 @@ class Turn:
 
     def _cut_wait(self, opening: bool = False) -> None:
         """Cancel the await on the upstream: the relay's, and with ``opening`` the opening's."""
-        waiting = self._reading or (opening and self._opening)
+        waiting = self._reading or (opening and (self._opening or self._hosting))
         if waiting and self._task is not None and not self._cut:
             self._cut = True
             self._task.cancel()  # the await on the upstream; caught in _events
@@ -451,7 +461,8 @@ class Turn:
         if fitted is None:
             return False
         self.result.context = fitted
-        self.request = dataclasses.replace(self.request, items=fitted.transcript)
+        approved = [output_as_input(i) for i in self.hosted.approved] if self.hosted is not None else []
+        self.request = dataclasses.replace(self.request, items=upstream_items(fitted.transcript + approved))
         log.info(
             "context_refitted",
             request_id=self.result.request_id,
@@ -510,40 +521,64 @@ class Turn:
             if self.compaction is not None:
                 for ev in b.compaction(self.compaction):
                     yield ev
+            if self.hosted is not None:
+                for item in self.hosted.announced:
+                    for ev in b.announce(item):
+                        yield ev
+                self._round_start = len(b.resource["output"])
             stopped = False
             try:
-                if self._first is not None:
-                    first, self._first = self._first, None
-                    if self._stop is not None and self._stops_before(first):
-                        stopped = True
-                    else:
-                        for ev in self._feed(first):
-                            yield ev
-                            count += 1
-                if self._stream is None and self._first is None and self._stop is not None:
-                    stopped = True  # aborted before the upstream's first delta: nothing was opened
-                elif self._stream is not None and not stopped:
-                    if self._stop is not None and self._stop_now():
-                        stopped = True
-                    else:
-                        self._reading = True
-                        async for delta in self._stream:
-                            self._reading = False
-                            if self._stop is not None and self._stops_before(delta):
-                                stopped = True
-                                break
-                            for ev in self._feed(delta):
+                while True:  # one upstream call; more while the model calls hosted tools
+                    if self._first is not None:
+                        first, self._first = self._first, None
+                        if self._stop is not None and self._stops_before(first):
+                            stopped = True
+                        else:
+                            for ev in self._feed(first):
                                 yield ev
                                 count += 1
-                            if count > self.max_events:
-                                raise UpstreamError(
-                                    "The response exceeded the gateway's event limit.",
-                                    code=ErrorCode.EVENT_LIMIT_EXCEEDED,
-                                )
-                            if self._stop is not None and self._stop_now():  # no call per delta
-                                stopped = True
-                                break
+                    if self._stream is None and self._first is None and self._stop is not None:
+                        stopped = True  # aborted before the upstream's first delta: nothing was opened
+                    elif self._stream is not None and not stopped:
+                        if self._stop is not None and self._stop_now():
+                            stopped = True
+                        else:
                             self._reading = True
+                            async for delta in self._stream:
+                                self._reading = False
+                                if self._stop is not None and self._stops_before(delta):
+                                    stopped = True
+                                    break
+                                for ev in self._feed(delta):
+                                    yield ev
+                                    count += 1
+                                if count > self.max_events:
+                                    raise UpstreamError(
+                                        "The response exceeded the gateway's event limit.",
+                                        code=ErrorCode.EVENT_LIMIT_EXCEEDED,
+                                    )
+                                if self._stop is not None and self._stop_now():  # no call per delta
+                                    stopped = True
+                                    break
+                                self._reading = True
+                            self._reading = False
+                    if stopped or self.hosted is None:
+                        break
+                    # the model's calls to hosted tools: executed, then the upstream is called again
+                    for ev in b.end_round():
+                        yield ev
+                    parked = b.parked()
+                    if not parked:
+                        break
+                    async for ev in self._execute(parked):
+                        yield ev
+                        count += 1
+                    if self._stop is not None:  # a stop waits for the calls, not for another round
+                        stopped = True
+                        break
+                    if b.handoff:  # the client answers a call (its own function, an approval)
+                        break
+                    await self._next_call()
             except asyncio.CancelledError:
                 if not self._own_cut():
                     raise
@@ -571,6 +606,57 @@ class Turn:
         await self._end(revoke if res.ended else None)
         for ev in terminal:
             yield ev
+
+    def use_hosted(self, hosted: HostedTools) -> None:
+        """Run the model's calls to ``hosted``'s tools within this response (gateway/engine/hosted.py):
+        their function tools are offered upstream, and the items made before the turn (listings,
+        approved calls) are its first output."""
+        self.hosted = hosted
+        self.builder.hosted = hosted.functions
+        request = self.request
+        items = upstream_items(request.items + [output_as_input(i) for i in hosted.approved])
+        self.request = dataclasses.replace(request, tools=request.tools + hosted.tools, items=items)
+        self._allowed = self._allowed | frozenset(hosted.functions)
+
+    async def _execute(self, parked: list[tuple[int, Event]]) -> AsyncGenerator[Event, None]:
+        """Execute the parked hosted calls in output order, each closed with its outcome. A
+        cancellation or an abort cuts the call in progress (``_hosting``); a steer waits for them."""
+        hosted = self.hosted
+        assert hosted is not None
+        b = self.builder
+        for index, item in parked:
+            if self._stop is not None and (self._cancel or isinstance(self._stop, GatewayError)):
+                return  # the rest stay parked: fail() or cancel() leaves them incomplete
+            function = hosted.functions[function_name(item["server_label"], item["name"])]
+            self._hosting = True
+            try:
+                result = await hosted.call(function, item["arguments"], item["id"])
+            finally:
+                self._hosting = False
+            for ev in b.hosted_done(index, receipt(result)):
+                yield ev
+
+    async def _next_call(self) -> None:
+        """The upstream again, with what the model made since its last call (its reasoning, text
+        and the hosted calls with their results, as function calls) appended to the request."""
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            await _close(stream)
+        if self._call is not None:  # that call answered in full
+            call, self._call = self._call, None
+            call.close("ok")
+        self.refit = None  # a refit would drop what the earlier calls made
+        b = self.builder
+        output = b.resource["output"]
+        made = [output_as_input(i) for i in output[self._round_start :]]
+        self._round_start = len(output)
+        self.request = dataclasses.replace(self.request, items=self.request.items + upstream_items(made))
+        b.next_round()
+        self._opening = True
+        try:
+            await self._open()
+        finally:
+            self._opening = False
 
     async def _stopped(self) -> list[Event]:
         """The terminal events of a stop: the upstream call is cancelled first (before the

@@ -7,6 +7,7 @@ from typing import Any
 
 from adapters.base import UpstreamRequest
 from gateway.engine.context import Context
+from gateway.engine.hosted import upstream_items
 from gateway.engine.resource import Echoes
 from gateway.kernel.spec.request import CreateResponseBody
 
@@ -23,11 +24,14 @@ def upstream_request(
     fmt: dict[str, Any] | None = echoes.text["format"]
     if fmt is not None and fmt.get("type") == "text":
         fmt = None
+    tools = echoes.tools
+    if any(t["type"] != "function" for t in tools):  # hosted tools go as functions (Turn.use_hosted)
+        tools = [t for t in tools if t["type"] == "function"]
     return UpstreamRequest(
         model=model,
-        items=ctx.transcript,
+        items=upstream_items(ctx.transcript),
         instructions=body.instructions,
-        tools=echoes.tools,
+        tools=tools,
         tool_choice=echoes.tool_choice,
         max_output_tokens=body.max_output_tokens,
         temperature=echoes.temperature,

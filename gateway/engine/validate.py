@@ -191,7 +191,8 @@ def _check_depth(body: CreateResponseBody, limit: int) -> None:
     if not body.tools and body.text is None and not isinstance(body.input, list):
         return  # nothing free-form to walk: the common plain request
     for n, tool in enumerate(body.tools or ()):
-        if tool.parameters is not None and _depth_over(tool.parameters, limit):
+        parameters = getattr(tool, "parameters", None)  # an MCP tool's schemas come from its server
+        if parameters is not None and _depth_over(parameters, limit):
             raise _too_deep(f"tools[{n}].parameters", limit)
     fmt = body.text.format if body.text is not None else None
     schema = getattr(fmt, "schema_", None)

@@ -14,9 +14,17 @@ from gateway.kernel.spec.request import (
     FunctionCallItem,
     FunctionCallOutputItem,
     ItemReference,
+    McpApprovalRequestItem,
+    McpApprovalResponseItem,
+    McpCallItem,
+    McpListToolsItem,
     MessageItem,
     ReasoningItem,
 )
+
+# hosted tools' receipts (gateway/engine/hosted.py): kept whole, as sent, without their status
+_RECEIPTS = (McpListToolsItem, McpCallItem, McpApprovalRequestItem, McpApprovalResponseItem)
+_RECEIPT_TYPES = frozenset({"mcp_list_tools", "mcp_call", "mcp_approval_request", "mcp_approval_response"})
 
 _ASSISTANT_TEXT = frozenset({"input_text", "text", "output_text"})
 
@@ -91,6 +99,11 @@ def normalize(item: Any) -> dict[str, Any]:
         if item.encrypted_content:
             out["encrypted_content"] = item.encrypted_content
         return out
+    if isinstance(item, _RECEIPTS):
+        out = item.model_dump(exclude={"status"})
+        if isinstance(item, McpApprovalResponseItem) and item.id is None:
+            out["id"] = new_id("mcpa")
+        return out
     if isinstance(item, ItemReference | CompactionItem):
         raise TypeError("references and compaction items are resolved by gateway/engine/context.py")
     raise TypeError(f"unknown item {type(item).__name__}")
@@ -118,6 +131,8 @@ def output_as_input(item: dict[str, Any]) -> dict[str, Any]:
             "name": item["name"],
             "arguments": item["arguments"],
         }
+    if t in _RECEIPT_TYPES:
+        return {k: v for k, v in item.items() if k != "status"}
     if t == "reasoning":
         out = {"type": "reasoning", "id": item["id"], "summary": item.get("summary", [])}
         if item.get("content"):

@@ -31,6 +31,8 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
+MAX_MCP_LABELS = 32
+MCP_OUTCOMES = frozenset({"ok", "error", "cancelled"})
 TRANSPORTS = frozenset({"http", "websocket", "compact"})
 APIS = frozenset(api.value for api in ClientApi)
 STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled", "in_progress"})
@@ -97,6 +99,8 @@ class Labels:
         self._providers = frozenset(table)
         # a deployment: its name (the provider's, unless a model lists deployments), capped
         self.deployment = _Bounded(self._providers, MAX_DEPLOYMENTS)
+        # an MCP server's label: an operator-declared one, or the first few clients name
+        self.mcp_server = _Bounded(frozenset(settings.mcp.servers), MAX_MCP_LABELS)
         tenants = {k.tenant for k in settings.auth.api_keys or ()} | set(settings.tenants)
         self._tenants = frozenset(tenants | ({"default"} if not settings.auth.enabled else set()))
 
@@ -212,6 +216,19 @@ class Families:
             "gateway_state_store_errors_total",
             "Calls to the response store that failed (the store could not answer).",
             ["op"],
+            registry=reg,
+        )
+        self.mcp_calls = Counter(
+            "gateway_mcp_calls_total",
+            "Calls to MCP servers (hosted tools): kind list_tools or call, outcome ok, error or cancelled.",
+            ["server_label", "kind", "outcome"],
+            registry=reg,
+        )
+        self.mcp_duration = Histogram(
+            "gateway_mcp_call_duration_seconds",
+            "Time an MCP server took to answer a listing or a tool call.",
+            ["server_label", "kind"],
+            buckets=DURATION_BUCKETS,
             registry=reg,
         )
         self.compactions = Counter(

@@ -24,6 +24,7 @@ from gateway.observability.families import (
     APIS,
     COMPACTIONS,
     LIMITS,
+    MCP_OUTCOMES,
     OUTCOMES,
     STORE_OPS,
     TOKEN_KINDS,
@@ -201,6 +202,12 @@ class Metrics(Observer):
 
     def compaction(self, kind: str) -> None:
         self.families.compactions.labels(closed(kind, COMPACTIONS)).inc()
+
+    def mcp_call(self, server_label: str, outcome: str, seconds: float, *, list_tools: bool = False) -> None:
+        label = self.labels.mcp_server(server_label)
+        kind = "list_tools" if list_tools else "call"
+        self.families.mcp_calls.labels(label, kind, closed(outcome, MCP_OUTCOMES)).inc()
+        self.families.mcp_duration.labels(label, kind).observe(seconds)
 
     # -- rendering and serving ---------------------------------------------------------------------
     def render(self) -> bytes:

@@ -122,6 +122,56 @@ class CompactionItem(_Wire):
     created_by: str | None = None
 
 
+# -- hosted-tool receipts (OpenAI's MCP items: gateway/engine/hosted.py) ---------------------------
+LABEL = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
+MCP_NAME = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+
+
+class McpListedTool(_Wire):
+    name: MCP_NAME
+    input_schema: dict[str, Any]
+    description: str | None = None
+    annotations: dict[str, Any] | None = None
+
+
+class McpListToolsItem(_Wire):
+    type: Literal["mcp_list_tools"]
+    id: str
+    server_label: LABEL
+    tools: Annotated[list[McpListedTool], Field(max_length=1024)]
+    error: str | None = None
+    status: str | None = None
+
+
+class McpCallItem(_Wire):
+    type: Literal["mcp_call"]
+    id: str
+    server_label: LABEL
+    name: MCP_NAME
+    arguments: str
+    output: Annotated[str, StringConstraints(max_length=MAX_TEXT)] | None = None
+    error: dict[str, Any] | str | None = None
+    approval_request_id: str | None = None
+    status: str | None = None
+
+
+class McpApprovalRequestItem(_Wire):
+    type: Literal["mcp_approval_request"]
+    id: str
+    server_label: LABEL
+    name: MCP_NAME
+    arguments: str
+    status: str | None = None
+
+
+class McpApprovalResponseItem(_Wire):
+    type: Literal["mcp_approval_response"]
+    approval_request_id: str
+    approve: bool
+    id: str | None = None
+    reason: str | None = None
+
+
 def _item_tag(value: Any) -> str | None:
     if isinstance(value, dict):
         tag = value.get("type")
@@ -137,12 +187,16 @@ InputItem = Annotated[
     | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
     | Annotated[ReasoningItem, Tag("reasoning")]
     | Annotated[ItemReference, Tag("item_reference")]
-    | Annotated[CompactionItem, Tag("compaction")],
+    | Annotated[CompactionItem, Tag("compaction")]
+    | Annotated[McpListToolsItem, Tag("mcp_list_tools")]
+    | Annotated[McpCallItem, Tag("mcp_call")]
+    | Annotated[McpApprovalRequestItem, Tag("mcp_approval_request")]
+    | Annotated[McpApprovalResponseItem, Tag("mcp_approval_response")],
     Discriminator(_item_tag),
 ]
-ITEM_TAGS = frozenset(
-    {"message", "function_call", "function_call_output", "reasoning", "item_reference", "compaction"}
-)
+MCP_ITEM_TAGS = frozenset({"mcp_list_tools", "mcp_call", "mcp_approval_request", "mcp_approval_response"})
+_CORE_TAGS = {"message", "function_call", "function_call_output", "reasoning", "item_reference", "compaction"}
+ITEM_TAGS = frozenset(_CORE_TAGS) | MCP_ITEM_TAGS
 PART_TAGS = frozenset(
     {"input_text", "text", "input_image", "input_file", "input_video", "output_text", "refusal"}
 )
@@ -155,6 +209,39 @@ class FunctionTool(_Wire):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+
+
+class McpToolFilter(_Wire):
+    """Which of a server's tools a rule covers: by name, and/or by its ``readOnlyHint``."""
+
+    tool_names: Annotated[list[MCP_NAME], Field(max_length=1024)] | None = None
+    read_only: bool | None = None
+
+
+class McpApprovalFilter(_Wire):
+    always: McpToolFilter | None = None
+    never: McpToolFilter | None = None
+
+
+HeaderValue = Annotated[str, StringConstraints(max_length=8192)]
+
+
+class McpTool(_Wire):
+    """A remote MCP server the gateway runs for the model (OpenAI's ``type: "mcp"`` tool):
+    ``headers`` and ``authorization`` are secrets (never echoed, logged or stored)."""
+
+    type: Literal["mcp"]
+    server_label: LABEL
+    server_url: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = None
+    server_description: Annotated[str, StringConstraints(max_length=4096)] | None = None
+    headers: Annotated[dict[str, HeaderValue], Field(max_length=32)] | None = None
+    authorization: Annotated[str, StringConstraints(max_length=8192)] | None = None
+    allowed_tools: Annotated[list[MCP_NAME], Field(max_length=1024)] | McpToolFilter | None = None
+    require_approval: Literal["always", "never"] | McpApprovalFilter | None = None
+    connector_id: str | None = None
+
+
+Tool = Annotated[FunctionTool | McpTool, Field(discriminator="type")]
 
 
 class ToolChoiceFunction(_Wire):
@@ -232,7 +319,7 @@ class CreateResponseBody(_Wire):
     input: Annotated[str, StringConstraints(max_length=MAX_TEXT)] | list[InputItem] | None = None
     previous_response_id: str | None = None
     include: list[Literal["reasoning.encrypted_content", "message.output_text.logprobs"]] | None = None
-    tools: list[FunctionTool] | None = None
+    tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     metadata: Metadata | None = None
     text: TextParam | None = None
