@@ -195,6 +195,18 @@ def render(item: Item) -> str:
     if kind == "reasoning":
         summary = "\n".join(s.get("text", "") for s in item.get("summary", ()))
         return f"[assistant reasoning]\n{summary}" if summary else ""
+    if kind == "mcp_call":  # a hosted tool's receipt: the call and its result in one
+        call = f"[tool call {item.get('server_label')}.{item.get('name')}]({item.get('arguments', '')})"
+        error = item.get("error")
+        if error is not None:
+            message = error.get("message", "") if isinstance(error, dict) else error
+            return f"{call}\n[tool error]\n{message}"
+        return f"{call}\n[tool result]\n{item.get('output') or ''}"
+    if kind == "mcp_approval_request":
+        tool = f"{item.get('server_label')}.{item.get('name')}"
+        return f"[tool call awaiting approval] {tool}({item.get('arguments', '')})"
+    if kind == "mcp_approval_response":
+        return "[tool call approved]" if item.get("approve") else "[tool call denied]"
     return ""
 
 

@@ -74,39 +74,31 @@ def _result_text(item: Item) -> str:
 
 def upstream_items(items: list[Item]) -> list[Item]:
     """``items`` with the MCP receipts as the model made and saw them: a call and its result as a
-    ``function_call`` and its ``function_call_output``; an approval request, once answered, as the
-    call, and its answer (the executed ``mcp_call``, or a denial) as the result. A listing, an
-    unanswered approval request and an approval are nothing to the model."""
+    ``function_call`` and its ``function_call_output``, side by side; an approval request, once
+    answered, as the call, followed by its answer (the executed ``mcp_call``'s result, or the
+    denial). A listing, an unanswered approval request and an approval are nothing to the model."""
     if not has_receipts(items):
         return items
-    answered = {
-        i["approval_request_id"]
-        for i in items
-        if i.get("type") in ("mcp_approval_response", "mcp_call") and i.get("approval_request_id")
-    }
-    requested: set[str] = set()
+    results: dict[str, str] = {}  # approval request id → what the model is told of it
+    for i in items:
+        kind = i.get("type")
+        if kind == "mcp_call" and i.get("approval_request_id"):
+            results[i["approval_request_id"]] = _result_text(i)
+        elif kind == "mcp_approval_response" and not i.get("approve"):
+            reason = i.get("reason")
+            results[i["approval_request_id"]] = f"{DENIED} {reason}" if reason else DENIED
+    asked = {i["id"] for i in items if i.get("type") == "mcp_approval_request"}
     out: list[Item] = []
     for item in items:
         kind = item.get("type")
         if kind not in MCP_TYPES:
             out.append(item)
         elif kind == "mcp_approval_request":
-            if item["id"] in answered:
-                requested.add(item["id"])
-                out.append(_call(item["id"], item))
-        elif kind == "mcp_approval_response":
-            rid = item["approval_request_id"]
-            if not item.get("approve") and rid in requested:
-                reason = item.get("reason")
-                text = f"{DENIED} {reason}" if reason else DENIED
-                out.append(_output(rid, text))
-        elif kind == "mcp_call":
-            rid = item.get("approval_request_id")
-            if rid and rid in requested:
-                out.append(_output(rid, _result_text(item)))
-            else:
-                out.append(_call(item["id"], item))
-                out.append(_output(item["id"], _result_text(item)))
+            result = results.get(item["id"])
+            if result is not None:
+                out += (_call(item["id"], item), _output(item["id"], result))
+        elif kind == "mcp_call" and item.get("approval_request_id") not in asked:
+            out += (_call(item["id"], item), _output(item["id"], _result_text(item)))
     return out
 
 

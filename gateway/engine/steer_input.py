@@ -15,7 +15,7 @@ from gateway.kernel.spec.request import MAX_TEXT, InputFile, InputImage, InputTe
 Item = dict[str, Any]
 # A client's tool results answer the parent's calls, so they stay right after those calls (chat and
 # Anthropic upstreams refuse anything between a call and its result); queued steering follows them.
-_RESULTS = frozenset({"function_call_output"})
+_RESULTS = frozenset({"function_call_output", "mcp_approval_response"})
 
 SteerPart = Annotated[InputText | InputImage | InputFile, Field(discriminator="type")]
 
@@ -85,9 +85,13 @@ def with_steering(input_: str | list[Any] | None, steering: list[Item]) -> list[
 
 
 def required_input(output: list[Item]) -> list[Item]:
-    """The stubs of the client-owned results ``output`` waits for (its function calls)."""
-    return [
-        {"type": "function_call_output", "call_id": o["call_id"], "name": o["name"]}
-        for o in output
-        if o.get("type") == "function_call"
-    ]
+    """The stubs of the client-owned results ``output`` waits for: its function calls' outputs,
+    and the approvals of its hosted tools' calls (``mcp_approval_request``)."""
+    stubs: list[Item] = []
+    for o in output:
+        kind = o.get("type")
+        if kind == "function_call":
+            stubs.append({"type": "function_call_output", "call_id": o["call_id"], "name": o["name"]})
+        elif kind == "mcp_approval_request":
+            stubs.append({"type": "mcp_approval_response", "approval_request_id": o["id"]})
+    return stubs

@@ -17,6 +17,7 @@ from adapters.deltas import Finish, TextDelta, ToolCallArgsDelta, ToolCallStart,
 from gateway.engine.builder import ResponseBuilder
 from gateway.engine.hosted import HostedFunction, function_name, receipt, upstream_items
 from gateway.kernel.errors import IllegalTransition, UpstreamError
+from gateway.kernel.items import message
 from tests.engine.helpers import fresh_builder
 from tests.schema import assert_event
 
@@ -125,7 +126,7 @@ def test_a_client_function_call_hands_off_and_a_hosted_one_does_not() -> None:
     assert not b.handoff
     b.feed(ToolCallStart(key=1, name="get_weather"))
     assert b.handoff
-    assert [i for _, i in b.parked()][0]["type"] == "mcp_call"  # closed by the next item, parked
+    assert next(i for _, i in b.parked())["type"] == "mcp_call"  # closed by the next item, parked
 
 
 def test_announced_items_come_whole_with_their_events() -> None:
@@ -178,7 +179,7 @@ def test_a_response_that_ends_with_a_call_unexecuted_leaves_it_incomplete(end: s
 
 
 def test_receipts_map_to_the_calls_and_results_the_model_saw() -> None:
-    user = {"type": "message", "id": "msg_1", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+    user = message("user", "hi", item_id="msg_1")
     listing = {"type": "mcp_list_tools", "id": "mcpl_1", "server_label": "calc", "tools": []}
     call = {
         "type": "mcp_call",
@@ -190,27 +191,34 @@ def test_receipts_map_to_the_calls_and_results_the_model_saw() -> None:
         "error": None,
         "approval_request_id": None,
     }
-    asked = {"type": "mcp_approval_request", "id": "mcpr_1", "server_label": "calc", "name": "add", "arguments": "{}"}
-    approved = {"type": "mcp_approval_response", "id": "mcpa_1", "approval_request_id": "mcpr_1", "approve": True}
+    asked = {"type": "mcp_approval_request", "id": "mcpr_1", "server_label": "calc", "name": "add"}
+    asked["arguments"] = "{}"
+    approved = {"type": "mcp_approval_response", "id": "mcpa_1", "approval_request_id": "mcpr_1"}
+    approved["approve"] = True
     executed = {**call, "id": "mcp_2", "approval_request_id": "mcpr_1", "output": None}
     executed["error"] = {"type": "mcp_protocol_error", "code": -32000, "message": "boom"}
     denied_ask = {**asked, "id": "mcpr_2"}
-    denied = {"type": "mcp_approval_response", "approval_request_id": "mcpr_2", "approve": False, "reason": "no"}
+    denied = {"type": "mcp_approval_response", "approval_request_id": "mcpr_2", "approve": False}
+    denied["reason"] = "no"
     unanswered = {**asked, "id": "mcpr_3"}
-    mapped = upstream_items([user, listing, call, asked, approved, executed, denied_ask, denied, unanswered])
+    later = message("user", "go", item_id="msg_2")
+    items = [user, listing, call, asked, approved, later, executed, denied_ask, denied, unanswered]
+    mapped = upstream_items(items)
     assert mapped[0] is user
-    assert [(m["type"], m["call_id"]) for m in mapped[1:]] == [
+    kinds = [(m["type"], m.get("call_id")) for m in mapped[1:]]
+    assert kinds == [
         ("function_call", "mcp_1"),
         ("function_call_output", "mcp_1"),
-        ("function_call", "mcpr_1"),
+        ("function_call", "mcpr_1"),  # the approved call's result follows it, not the later message
         ("function_call_output", "mcpr_1"),
+        ("message", None),
         ("function_call", "mcpr_2"),
         ("function_call_output", "mcpr_2"),
     ]
     assert mapped[1]["name"] == "calc__add" and mapped[1]["arguments"] == '{"a":1}'
     assert mapped[2]["output"] == "3"
     assert mapped[4]["output"] == "Error: boom"
-    assert mapped[6]["output"].startswith("The user did not approve") and mapped[6]["output"].endswith("no")
+    assert mapped[7]["output"].startswith("The user did not approve") and mapped[7]["output"].endswith("no")
     plain = [user]
     assert upstream_items(plain) is plain  # nothing to map: the same list
 
