@@ -163,6 +163,7 @@ class Turn:
         "_opening",
         "_reading",
         "_round_start",
+        "_rounds",
         "_stop",
         "_stream",
         "_task",
@@ -225,6 +226,7 @@ class Turn:
         self.hosted: HostedTools | None = None
         self._hosting = False
         self._round_start = 0
+        self._rounds = 0  # upstream calls made after the first (hosted tools' rounds)
         # the admission's per-minute figures (gateway/engine/limits.py): the transport's x-ratelimit-*
         self.rate_standing: RateStanding | None = None
         # truncation "auto": a shorter context after the upstream's context overflow, or None
@@ -430,7 +432,7 @@ class Turn:
                 applied: Applies | None = getattr(call.deployment.adapter, "applied", None)
                 if applied is not None:
                     self.builder.resource.update(applied(call.request))
-                if call.request.stream:
+                if call.request.stream and self._rounds == 0:  # the response's first token only
                     self.observer.first_token(primary, call.deployment, time.perf_counter() - began)
                 if route is not primary:
                     log.info(
@@ -646,6 +648,7 @@ class Turn:
             call, self._call = self._call, None
             call.close("ok")
         self.refit = None  # a refit would drop what the earlier calls made
+        self._rounds += 1
         b = self.builder
         output = b.resource["output"]
         made = [output_as_input(i) for i in output[self._round_start :]]
