@@ -16,6 +16,7 @@ from starlette.routing import Match, Route
 from starlette.types import Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
+from adapters.mcp import McpHost
 from compact.inline import compact_inline
 from compact.opener import Opener
 from compact.seal import Sealer
@@ -78,6 +79,7 @@ def build_gateway(
         background_log=background_log,
         observer=observer,
         tracer=tracer,
+        mcp=McpHost(settings.mcp, settings.tenants),
     )
 
 

@@ -22,6 +22,7 @@ _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARN
 # uvicorn.Config applies uvicorn's LOGGING_CONFIG (plain-text handlers on these, not propagating)
 # unless it is given log_config=None; configure_logging points that default at the root handler.
 _UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access")
+_SILENCED = ("mcp", "httpx2", "httpcore2")
 
 log = structlog.get_logger("gateway")
 _trace_ids = False  # set once an app turns tracing on: until then the processor costs a global read
@@ -82,6 +83,10 @@ def configure_logging(level: str = "info", json_logs: bool = True) -> None:
     root.handlers[:] = [handler]
     # Libraries' debug output can carry content (websockets logs frames): theirs starts at info.
     root.setLevel(max(_LEVELS[level], logging.INFO))
+    # The MCP SDK and its HTTP client log what a server answered (a raw body, a URL): the MCP
+    # client (adapters/mcp) logs each failure itself, by kind.
+    for name in _SILENCED:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     logging.captureWarnings(True)
     _uvicorn_through_root()
     sys.excepthook = _uncaught

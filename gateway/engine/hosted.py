@@ -33,7 +33,6 @@ from gateway.kernel.spec.request import McpTool, McpToolFilter
 
 if TYPE_CHECKING:
     from adapters.mcp import McpCallResult, McpHost, McpServer
-
     from gateway.kernel.settings import McpSettings
 
 Item = dict[str, Any]
@@ -209,7 +208,7 @@ class HostedTools:
         outcome = "cancelled"
         with self.tracer.child(f"mcp.call {label}", attrs, client=True) as span:
             try:
-                result = await self.host.call_tool(function.server, function.tool, args, timeout=timeout)
+                result = await self.host.call_tool(function.server, function.tool, args, seconds=timeout)
                 outcome = "ok" if result.error is None else "error"
                 span.set("gateway.mcp.status", "completed" if result.error is None else "failed")
                 if result.error is not None:
@@ -338,7 +337,7 @@ async def _listing(hosted: HostedTools, server: McpServer, known: Item | None) -
     attrs = {"gateway.mcp.server_label": server.label, "gen_ai.operation.name": "mcp.list_tools"}
     with hosted.tracer.child(f"mcp.list_tools {server.label}", attrs, client=True) as span:
         try:
-            tools = await hosted.host.list_tools(server, timeout=hosted.settings.call_timeout_seconds)
+            tools = await hosted.host.list_tools(server, seconds=hosted.settings.call_timeout_seconds)
             outcome = "ok"
         except BaseException as exc:
             span.fail(getattr(exc, "code", None) or "error")

@@ -20,6 +20,8 @@
     │   └── QuotaExceeded             429    too_many_requests      insufficient_quota (a budget)
     ├── ServiceUnavailable            503    server_error           service_unavailable (e.g. the
     │                                                               state store is down)
+    ├── McpServerError                424    server_error           mcp_server_error (a request's
+    │                                                               MCP server cannot be listed)
     └── UpstreamError                 502    server_error           upstream_error (retryable or not)
         ├── UpstreamTimeout           504    server_error           upstream_timeout
         ├── UpstreamConnectError      502    server_error           upstream_connect_error
@@ -120,6 +122,9 @@ class ErrorCode(StrEnum):
     MALFORMED_FUNCTION_CALL = "malformed_function_call", 502
     EVENT_LIMIT_EXCEEDED = "event_limit_exceeded", 502
     EMPTY_SUMMARY = "empty_summary", 502
+    # hosted tools (MCP servers)
+    MCP_SERVER_ERROR = "mcp_server_error", 424
+    MCP_SERVER_NOT_ALLOWED = "mcp_server_not_allowed", 400
 
 
 class GatewayError(Exception):
@@ -282,6 +287,15 @@ class QuotaExceeded(RateLimited):
 class ServiceUnavailable(GatewayError):
     type = "server_error"
     code = ErrorCode.SERVICE_UNAVAILABLE
+
+
+class McpServerError(GatewayError):
+    """An MCP server a request names could not be listed (refused address, connection failure,
+    timeout, HTTP error, malformed JSON-RPC): the request fails before anything is generated.
+    The message names the server by its label, never its URL, headers or what it answered."""
+
+    type = "server_error"
+    code = ErrorCode.MCP_SERVER_ERROR
 
 
 class UpstreamError(GatewayError):

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from gateway.kernel.allow_list import parse_entry
 from gateway.kernel.settings import checks
 from gateway.kernel.settings.checks import Problems, invalid
 
@@ -87,11 +88,56 @@ class Budget(_Strict):
     period: Literal["day", "month"] = "day"  # UTC
 
 
+def _allow_entries(values: list[str]) -> list[str]:
+    for value in values:
+        try:
+            parse_entry(value)
+        except ValueError as exc:
+            raise invalid(str(exc)) from None
+    return values
+
+
+AllowList = Annotated[list[str], AfterValidator(_allow_entries), Field(max_length=1024)]
+
+
+class TenantMcp(_Strict):
+    """A tenant's MCP servers (hosted tools): the hosts, addresses and URL prefixes its requests'
+    ``server_url`` may name (None: the ``mcp.allow`` default)."""
+
+    allow: AllowList | None = None
+
+
+class McpServerSettings(_Strict):
+    """An MCP server the operator declares: tenants name it by its label (``server_label``, no
+    ``server_url``), and its credentials stay here."""
+
+    url: Annotated[str, AfterValidator(checks.http_url)]
+    headers: dict[str, SecretStr] = {}
+    authorization: SecretStr | None = None  # sent as "Authorization: Bearer <it>"
+    description: str | None = None
+    transport: Literal["streamable_http", "sse"] | None = None  # None: by the URL (a path ending /sse)
+    tenants: list[str] | None = None  # the tenants that may use it (None: every tenant)
+
+
+class McpSettings(_Strict):
+    """Hosted MCP tools (docs/mcp.md): where servers may be, and the bounds of their calls."""
+
+    allow: AllowList = []  # the default allow-list of every tenant that sets none
+    servers: dict[Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")], McpServerSettings] = {}
+    call_timeout_seconds: float = Field(default=30.0, gt=0)  # one listing or one tool call
+    response_timeout_seconds: float = Field(default=120.0, gt=0)  # every hosted call of one response
+    max_result_bytes: int = Field(default=256 * 1024, ge=1024)  # one tool call's result
+    max_servers: int = Field(default=8, ge=1)  # per request
+    max_tools: int = Field(default=128, ge=1)  # per server listing
+    max_tool_calls: int = Field(default=32, ge=1)  # per response, when the request sets no max_tool_calls
+
+
 class TenantSettings(_Strict):
     limits: TenantLimits = TenantLimits()
     budget: Budget | None = None
     retention: Literal["standard", "none"] = "standard"  # none: no conversation content persisted
     models: list[str] | None = None  # an allow-list for every key of the tenant (None: all)
+    mcp: TenantMcp = TenantMcp()
 
 
 class ApiKey(KeyRef):
@@ -424,6 +470,7 @@ class Settings(BaseSettings):
     tenants: dict[str, TenantSettings] = {}
     admin: AdminSettings = AdminSettings()
     compaction: CompactionSettings = CompactionSettings()
+    mcp: McpSettings = McpSettings()
     log: LogSettings = LogSettings()
     server: ServerSettings = ServerSettings()
     metrics: MetricsSettings = MetricsSettings()
