@@ -85,7 +85,13 @@ class McpHost:
         if tool.get("authorization"):
             headers["Authorization"] = f"Bearer {tool['authorization']}"
         return McpServer(
-            label, str(url), headers, tool.get("server_description"), sse=_is_sse(str(url)), allow=allow
+            label,
+            str(url),
+            headers,
+            tool.get("server_description"),
+            sse=_is_sse(str(url)),
+            allow=allow,
+            param=f"tools[{index}].server_url",
         )
 
     # -- calls -----------------------------------------------------------------------------------
@@ -98,10 +104,12 @@ class McpHost:
         except TimeoutError:
             raise McpServerError(f"The MCP server '{server.label}' did not list its tools in time.") from None
         except Exception as exc:
-            if isinstance(_root(exc), Refused):
-                reason = _root(exc)
-                raise McpServerError(
-                    f"The MCP server '{server.label}' cannot be reached: {reason}."
+            reason = _root(exc)
+            if isinstance(reason, Refused):  # what its name resolves to, found on connecting
+                raise InvalidRequest(
+                    f"The MCP server '{server.label}' cannot be used: {reason}.",
+                    param=server.param,
+                    code=ErrorCode.MCP_SERVER_NOT_ALLOWED,
                 ) from None
             log.warning("mcp_list_failed", server_label=server.label, error=_kind(exc))
             raise McpServerError(

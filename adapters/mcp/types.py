@@ -21,6 +21,7 @@ class McpServer:
     # the tenant's allow-list, checked again with the addresses at connect time; None: a server
     # the operator declared (wherever it is)
     allow: tuple[AllowEntry, ...] | None = field(default=(), repr=False)
+    param: str = "tools"  # the request's field that named it, for a refusal
 
     def __repr__(self) -> str:
         return f"McpServer(label={self.label!r})"

@@ -616,8 +616,12 @@ class Turn:
         self.hosted = hosted
         self.builder.hosted = hosted.functions
         request = self.request
-        items = upstream_items(request.items + [output_as_input(i) for i in hosted.approved])
-        self.request = dataclasses.replace(request, tools=request.tools + hosted.tools, items=items)
+        if hosted.approved:  # the approved calls' results follow the calls in the context
+            approved = [output_as_input(i) for i in hosted.approved]
+            request = dataclasses.replace(
+                request, items=upstream_items(self.result.context.transcript + approved)
+            )
+        self.request = dataclasses.replace(request, tools=request.tools + hosted.tools)
         self._allowed = self._allowed | frozenset(hosted.functions)
 
     async def _execute(self, parked: list[tuple[int, Event]]) -> AsyncGenerator[Event, None]:

@@ -195,7 +195,7 @@ class FakeGemini(ScriptedFake):
             ask.tool_result = result if isinstance(result, str) else orjson.dumps(result).decode()
         for tool in body.get("tools") or []:
             for decl in tool.get("functionDeclarations") or []:
-                ask.tools.append((decl["name"], decl.get("parameters") or {"type": "object"}))
+                ask.tools.append((decl["name"], _lower_types(decl.get("parameters") or {"type": "object"})))
         config = (body.get("toolConfig") or {}).get("functionCallingConfig") or {}
         ask.mode = {"ANY": "required", "NONE": "none"}.get(config.get("mode", "AUTO"), "auto")
         names = config.get("allowedFunctionNames")
@@ -282,3 +282,12 @@ class FakeGemini(ScriptedFake):
 
 if __name__ == "__main__":
     run_main(FakeGemini, 9103)
+
+
+def _lower_types(schema: Any) -> Any:
+    """A Gemini schema (``"type": "INTEGER"``) as JSON Schema spells it, for the example arguments."""
+    if isinstance(schema, dict):
+        return {k: v.lower() if k == "type" and isinstance(v, str) else _lower_types(v) for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [_lower_types(v) for v in schema]
+    return schema
