@@ -13,7 +13,13 @@ from pydantic import BaseModel, ValidationError
 from gateway.kernel.errors import ErrorCode, InvalidRequest
 from gateway.kernel.items import call_ids
 from gateway.kernel.settings import Limits
-from gateway.kernel.spec.request import ITEM_TAGS, PART_TAGS, CompactRequestBody, CreateResponseBody
+from gateway.kernel.spec.request import (
+    ITEM_TAGS,
+    PART_TAGS,
+    TOOL_TAGS,
+    CompactRequestBody,
+    CreateResponseBody,
+)
 
 M = TypeVar("M", bound=BaseModel)
 MAX_MODEL_CHARS = 256
@@ -33,7 +39,7 @@ def _param(loc: tuple[Any, ...]) -> str:
         name = str(part)
         if "[" in name or "-" in name or name in _TYPE_WORDS or name[:1].isupper():
             continue  # a union member's description, not a field
-        if prev_int and (name in ITEM_TAGS or name in PART_TAGS):
+        if prev_int and (name in ITEM_TAGS or name in PART_TAGS or name in TOOL_TAGS):
             prev_int = False  # the discriminator tag of a list element
             continue
         out.append(("." if out else "") + name)

@@ -287,7 +287,9 @@ if __name__ == "__main__":
 def _lower_types(schema: Any) -> Any:
     """A Gemini schema (``"type": "INTEGER"``) as JSON Schema spells it, for the example arguments."""
     if isinstance(schema, dict):
-        return {k: v.lower() if k == "type" and isinstance(v, str) else _lower_types(v) for k, v in schema.items()}
+        return {
+            k: v.lower() if k == "type" and isinstance(v, str) else _lower_types(v) for k, v in schema.items()
+        }
     if isinstance(schema, list):
         return [_lower_types(v) for v in schema]
     return schema

@@ -115,7 +115,9 @@ async def malformed(scope: Scope, receive: Any, send: Any) -> None:
         await send({"type": "lifespan.shutdown.complete"})
         return
     body = b'{"jsonrpc": "2.0", "id": "nope", "result": [1, 2' if scope["method"] == "POST" else b""
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]}
+    )
     await send({"type": "http.response.body", "body": body})
 
 

@@ -242,6 +242,7 @@ class McpTool(_Wire):
 
 
 Tool = Annotated[FunctionTool | McpTool, Field(discriminator="type")]
+TOOL_TAGS = frozenset({"function", "mcp"})
 
 
 class ToolChoiceFunction(_Wire):

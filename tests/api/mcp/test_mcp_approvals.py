@@ -51,7 +51,12 @@ async def test_an_approved_call_is_executed_and_the_model_goes_on(
     # approving the same request again executes nothing more
     again = await post(
         served,
-        {"model": MODEL, "input": [*first["output"], answer, *second["output"]], "tools": [tool], "store": False},
+        {
+            "model": MODEL,
+            "input": [*first["output"], answer, *second["output"]],
+            "tools": [tool],
+            "store": False,
+        },
     )
     assert "mcp_call" not in kinds(again) or again["output"][0]["approval_request_id"] is None
 
@@ -92,7 +97,9 @@ async def test_per_tool_approval_filters(served: ServedApp, mcp_servers: McpServ
     assert kinds(res) == ["mcp_list_tools", "mcp_approval_request"]
 
 
-async def test_an_approval_of_an_unknown_request_is_refused(served: ServedApp, mcp_servers: McpServers) -> None:
+async def test_an_approval_of_an_unknown_request_is_refused(
+    served: ServedApp, mcp_servers: McpServers
+) -> None:
     answer = {"type": "mcp_approval_response", "approval_request_id": "mcpr_nope", "approve": True}
     err = await post(
         served, {"model": MODEL, "input": [answer], "tools": [calc(mcp_servers)], "store": False}, status=400

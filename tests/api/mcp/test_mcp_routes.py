@@ -58,7 +58,12 @@ async def test_an_mcp_conversation_through_every_route(
     history = [{"role": "user", "content": "Use the calculator."}, *first["output"]]
     third = await post(
         served,
-        {"model": model, "input": [*history, {"role": "user", "content": "Again."}], "tools": [tool], "store": False},
+        {
+            "model": model,
+            "input": [*history, {"role": "user", "content": "Again."}],
+            "tools": [tool],
+            "store": False,
+        },
     )
     assert kinds(third) == ["mcp_call", "message"]
     if model != "mock":
@@ -79,7 +84,9 @@ async def test_a_client_function_call_beside_mcp_calls_stops_the_response_for_th
     served: ServedApp, mcp_servers: McpServers, fakes: dict[str, Any]
 ) -> None:
     fake = fakes["via-openai-chat"]
-    fake.add(Reply.tool_calls([("calc__add", '{"a": 2, "b": 3}', "c1"), ("get_weather", '{"city": "Oslo"}', "c2")]))
+    fake.add(
+        Reply.tool_calls([("calc__add", '{"a": 2, "b": 3}', "c1"), ("get_weather", '{"city": "Oslo"}', "c2")])
+    )
     weather = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
     res = await post(
         served, {"model": "via-openai-chat", "input": "Both please.", "tools": [calc(mcp_servers), weather]}
@@ -106,7 +113,9 @@ async def test_max_tool_calls_bounds_the_hosted_calls(
     served: ServedApp, mcp_servers: McpServers, fakes: dict[str, Any]
 ) -> None:
     fake = fakes["via-openai-chat"]
-    fake.add(Reply.tool_calls([("calc__add", '{"a": 1, "b": 1}', "c1"), ("calc__add", '{"a": 2, "b": 2}', "c2")]))
+    fake.add(
+        Reply.tool_calls([("calc__add", '{"a": 1, "b": 1}', "c1"), ("calc__add", '{"a": 2, "b": 2}', "c2")])
+    )
     res = await post(
         served,
         {"model": "via-openai-chat", "input": "Twice.", "tools": [calc(mcp_servers)], "max_tool_calls": 1},

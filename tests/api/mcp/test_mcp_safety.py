@@ -88,7 +88,10 @@ async def test_a_server_that_needs_a_header_gets_it(served: ServedApp, mcp_serve
 
 @pytest.mark.timeout(180)
 async def test_secrets_and_results_stay_out_of_logs_spans_and_redis(
-    upstreams: dict[str, Any], mcp_servers: McpServers, receiver: Receiver, tmp_path: Path  # noqa: F811
+    upstreams: dict[str, Any],
+    mcp_servers: McpServers,
+    receiver: Receiver,  # noqa: F811 (the fixture)
+    tmp_path: Path,
 ) -> None:
     prefix = unique_prefix()
     config = mcp_settings(
@@ -105,7 +108,9 @@ async def test_secrets_and_results_stay_out_of_logs_spans_and_redis(
     path.write_text(yaml.safe_dump(config))
     port = free_port()
     env = cli_env(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_BSP_SCHEDULE_DELAY="50")
-    proc = serve_cli(port, "--config", str(path), env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    proc = serve_cli(
+        port, "--config", str(path), env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
+    )
     base = f"http://127.0.0.1:{port}"
     monitor: Monitor | None = None
     try:
@@ -123,7 +128,9 @@ async def test_secrets_and_results_stay_out_of_logs_spans_and_redis(
         async with httpx.AsyncClient(base_url=base, timeout=30) as c:
             stored = []
             for tool in (given, declared):
-                r = await c.post("/v1/responses", json={"model": "via-openai-chat", "input": "hi", "tools": [tool]})
+                r = await c.post(
+                    "/v1/responses", json={"model": "via-openai-chat", "input": "hi", "tools": [tool]}
+                )
                 assert r.status_code == 200, r.text
                 assert kinds(r.json()) == ["mcp_list_tools", "mcp_call", "message"]
                 stored.append(r.json())

@@ -84,7 +84,9 @@ async def test_one_sequence_of_events_for_the_whole_loop(
 async def test_a_failing_tool_fails_its_call_and_the_model_is_told(
     served: ServedApp, mcp_servers: McpServers
 ) -> None:
-    res = await post(served, {"model": "via-openai-chat", "input": "Go.", "tools": [tool(mcp_servers, "failing")]})
+    res = await post(
+        served, {"model": "via-openai-chat", "input": "Go.", "tools": [tool(mcp_servers, "failing")]}
+    )
     call = res["output"][1]
     assert call["type"] == "mcp_call" and call["status"] == "failed" and call["output"] is None
     assert call["error"]["message"]
@@ -95,7 +97,9 @@ async def test_a_hanging_tool_times_out_within_the_call_timeout(
     served: ServedApp, mcp_servers: McpServers
 ) -> None:
     start = time.monotonic()
-    events = await stream(served, {"model": "via-openai-chat", "input": "Go.", "tools": [tool(mcp_servers, "hanging")]})
+    events = await stream(
+        served, {"model": "via-openai-chat", "input": "Go.", "tools": [tool(mcp_servers, "hanging")]}
+    )
     took = time.monotonic() - start
     final = events[-1]["response"]
     assert "response.mcp_call.failed" in [e["type"] for e in events]
@@ -105,7 +109,9 @@ async def test_a_hanging_tool_times_out_within_the_call_timeout(
 
 
 async def test_a_huge_result_fails_its_call(served: ServedApp, mcp_servers: McpServers) -> None:
-    res = await post(served, {"model": "via-openai-chat", "input": "Go.", "tools": [tool(mcp_servers, "huge")]})
+    res = await post(
+        served, {"model": "via-openai-chat", "input": "Go.", "tools": [tool(mcp_servers, "huge")]}
+    )
     call = res["output"][1]
     assert call["status"] == "failed" and call["output"] is None
 
@@ -114,7 +120,9 @@ async def test_a_server_that_cannot_be_listed_fails_the_request_before_anything_
     served: ServedApp, mcp_servers: McpServers, fakes: dict[str, Any]
 ) -> None:
     err = await post(
-        served, {"model": "via-openai-chat", "input": "Go.", "tools": [tool(mcp_servers, "malformed")]}, status=424
+        served,
+        {"model": "via-openai-chat", "input": "Go.", "tools": [tool(mcp_servers, "malformed")]},
+        status=424,
     )
     assert err["error"]["code"] == "mcp_server_error"
     assert fakes["via-openai-chat"].requests == []
