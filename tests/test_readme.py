@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from gateway.kernel.errors import ErrorCode
-from gateway.kernel.settings import Limits
+from gateway.kernel.settings import Limits, McpSettings
 from tests.api.helpers import cli_env, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,3 +123,13 @@ def test_readme_links_every_docs_page_and_the_nav_lists_every_page() -> None:
     site = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
     assert site["docs_dir"] == "docs"
     assert listed(site["nav"]) == pages
+
+
+def test_mcp_limits_table_lists_every_bound_and_its_default() -> None:
+    rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]+) \|", page("mcp.md"), re.M))
+    bounds = {n: f for n, f in McpSettings.model_fields.items() if n not in ("allow", "servers")}
+    assert set(bounds) <= set(rows), set(bounds) - set(rows)
+    for name, field in bounds.items():
+        default = field.default
+        shown = str(int(default)) if isinstance(default, float) and default.is_integer() else str(default)
+        assert rows[name].strip() == shown, name

@@ -84,7 +84,8 @@ async def test_openai_python_create_and_stream(
         "response.mcp_call.completed",
     } <= set(seen)
     assert [o.type for o in final.output] == ["mcp_list_tools", "mcp_call", "message"]
-    assert final.output[1].type == "mcp_call" and final.output[1].output in final.output_text
+    made = final.output[1]
+    assert made.type == "mcp_call" and made.output is not None and made.output in final.output_text
 
 
 async def test_openai_python_approval_by_previous_response_id(

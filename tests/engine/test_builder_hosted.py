@@ -133,7 +133,7 @@ def test_a_client_function_call_hands_off_and_a_hosted_one_does_not() -> None:
 def test_announced_items_come_whole_with_their_events() -> None:
     b = fresh_builder()
     events = b.start()
-    listing = {"type": "mcp_list_tools", "id": "mcpl_1", "server_label": "calc", "tools": [], "error": None}
+    listing: dict[str, Any] = {"type": "mcp_list_tools", "id": "mcpl_1", "server_label": "calc", "tools": []}
     listing["tools"] = [{"name": "add", "input_schema": {"type": "object"}, "description": None}]
     call = {
         "type": "mcp_call",
@@ -192,14 +192,27 @@ def test_receipts_map_to_the_calls_and_results_the_model_saw() -> None:
         "error": None,
         "approval_request_id": None,
     }
-    asked = {"type": "mcp_approval_request", "id": "mcpr_1", "server_label": "calc", "name": "add"}
+    asked: dict[str, Any] = {
+        "type": "mcp_approval_request",
+        "id": "mcpr_1",
+        "server_label": "calc",
+        "name": "add",
+    }
     asked["arguments"] = "{}"
-    approved = {"type": "mcp_approval_response", "id": "mcpa_1", "approval_request_id": "mcpr_1"}
+    approved: dict[str, Any] = {
+        "type": "mcp_approval_response",
+        "id": "mcpa_1",
+        "approval_request_id": "mcpr_1",
+    }
     approved["approve"] = True
-    executed = {**call, "id": "mcp_2", "approval_request_id": "mcpr_1", "output": None}
+    executed: dict[str, Any] = {**call, "id": "mcp_2", "approval_request_id": "mcpr_1", "output": None}
     executed["error"] = {"type": "mcp_protocol_error", "code": -32000, "message": "boom"}
     denied_ask = {**asked, "id": "mcpr_2"}
-    denied = {"type": "mcp_approval_response", "approval_request_id": "mcpr_2", "approve": False}
+    denied: dict[str, Any] = {
+        "type": "mcp_approval_response",
+        "approval_request_id": "mcpr_2",
+        "approve": False,
+    }
     denied["reason"] = "no"
     unanswered = {**asked, "id": "mcpr_3"}
     later = message("user", "go", item_id="msg_2")

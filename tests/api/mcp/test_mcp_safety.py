@@ -22,13 +22,14 @@ from tests.api.helpers import cli_env, serve_cli, wait_until_up
 from tests.api.mcp.conftest import kinds, mcp_settings, post
 from tests.fakes.all import gateway_config
 from tests.fakes.mcp_servers import McpServers
+from tests.fakes.openai_chat import Reply, smart_reply
 from tests.harness import ServedApp, free_port, serve_gateway
 from tests.observability.test_otlp import Receiver, receiver  # noqa: F401  (a fixture)
 from tests.redis_server import Monitor, redis_url, unique_prefix
 
 SECRET = "sk-mcp-secret-4f1c9a"
 OPERATOR_SECRET = "sk-operator-held-77b2e0"
-RESULT_MARK = "needle"
+RESULT_MARK = "needle-result-9d3e1b"
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +94,9 @@ async def test_secrets_and_results_stay_out_of_logs_spans_and_redis(
     receiver: Receiver,  # noqa: F811 (the fixture)
     tmp_path: Path,
 ) -> None:
+    chat = upstreams["openai-chat"]
+    chat.reset()
+    chat.responder = smart_reply
     prefix = unique_prefix()
     config = mcp_settings(
         upstreams,
@@ -139,10 +143,14 @@ async def test_secrets_and_results_stay_out_of_logs_spans_and_redis(
             # store false: the tool's result (it echoes its input) is never written to Redis
             plain = {"type": "mcp", "server_label": "calc", "server_url": mcp_servers.url("plain")}
             plain["require_approval"] = "never"
+            upstreams["openai-chat"].add(
+                Reply.tool_calls([("calc__echo", f'{{"text": "{RESULT_MARK}"}}', "c1")])
+            )
             r = await c.post(
                 "/v1/responses",
-                json={"model": "via-openai-chat", "input": RESULT_MARK, "tools": [plain], "store": False},
+                json={"model": "via-openai-chat", "input": "Say it.", "tools": [plain], "store": False},
             )
+            assert r.json()["output"][1].get("output") == RESULT_MARK, r.json()
             assert r.status_code == 200 and kinds(r.json()) == ["mcp_list_tools", "mcp_call", "message"]
         deadline = time.monotonic() + 30
         while sum(s.name.startswith("mcp.call") for _, s in receiver.spans()) < 3:
