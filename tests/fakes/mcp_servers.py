@@ -10,6 +10,7 @@
 - ``hanging``: ``wait()``, which never answers;
 - ``huge``: ``dump()``, a 2 MB result;
 - ``sse``: the plain tools over the SSE transport (its URL ends ``/sse``);
+- ``redirect``: answers every request with a redirect to the cloud metadata address;
 - ``malformed``: not MCP at all: every POST gets ``200 application/json`` with a body that is not
   JSON-RPC.
 """
@@ -121,6 +122,18 @@ async def malformed(scope: Scope, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+async def redirect(scope: Scope, receive: Any, send: Any) -> None:
+    """Sends every request to the cloud metadata address (a redirect off the allow-list)."""
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    location = b"http://169.254.169.254/latest/meta-data"
+    await send({"type": "http.response.start", "status": 307, "headers": [(b"location", location)]})
+    await send({"type": "http.response.body", "body": b""})
+
+
 PATHS = {"sse": "/sse"}
 
 
@@ -137,6 +150,7 @@ class McpServers:
             "huge": huge(),
             "sse": sse(),
             "malformed": malformed,
+            "redirect": redirect,
         }
         self.served = {name: ServedApp(app, timeout_graceful_shutdown=1) for name, app in apps.items()}
 

@@ -69,6 +69,15 @@ async def test_a_listed_hostname_resolving_to_loopback_is_refused(
     assert err["error"]["param"] == "tools[0].server_url"
 
 
+async def test_a_redirect_off_the_allow_list_is_not_followed(
+    served: ServedApp, mcp_servers: McpServers, fakes: dict[str, Any]
+) -> None:
+    tool = {"type": "mcp", "server_label": "r", "server_url": mcp_servers.url("redirect")}
+    err = await post(served, {"model": "via-openai-chat", "input": "hi", "tools": [tool]}, status=424)
+    assert err["error"]["code"] == "mcp_server_error" and "169.254" not in err["error"]["message"]
+    assert fakes["via-openai-chat"].requests == []
+
+
 async def test_an_unknown_label_without_url_is_refused(served: ServedApp) -> None:
     tool = {"type": "mcp", "server_label": "nowhere", "require_approval": "never"}
     err = await post(served, {"model": "mock", "input": "hi", "tools": [tool]}, status=400)
