@@ -5,19 +5,19 @@ responses, the ledger (every upstream call of the loop counted), and the metrics
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import orjson
 import pytest
-from websockets.asyncio.client import ClientConnection
 
 from tests.api.mcp.conftest import kinds, mcp_settings, post
 from tests.fakes.mcp_servers import McpServers
 from tests.fakes.openai_chat import Reply
 from tests.harness import ServedApp
 from tests.ws.helpers import create, serve, ws_connect
+from tests.ws.test_steer import recv, until
 
 
 @pytest.fixture(scope="module")
@@ -36,19 +36,6 @@ def sleeper(servers: McpServers) -> dict[str, Any]:
         "require_approval": "never",
         "allowed_tools": ["sleep"],
     }
-
-
-async def recv(ws: ClientConnection, wait: float = 20.0) -> dict[str, Any]:
-    event: dict[str, Any] = orjson.loads(await asyncio.wait_for(ws.recv(), wait))
-    return event
-
-
-async def until(ws: ClientConnection, done: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    while True:
-        out.append(await recv(ws))
-        if done(out[-1]):
-            return out
 
 
 async def test_a_steer_waits_for_the_call_in_flight_then_stops_before_the_next_upstream_call(
