@@ -54,7 +54,10 @@ def function_name(label: str, tool: str) -> str:
 
 
 def has_receipts(items: Iterable[Item]) -> bool:
-    return any(i.get("type") in MCP_TYPES for i in items)
+    for i in items:  # every turn's transcript passes here: a plain loop, no generator
+        if i.get("type") in MCP_TYPES:
+            return True
+    return False
 
 
 def _result_text(item: Item) -> str:

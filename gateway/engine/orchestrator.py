@@ -370,8 +370,11 @@ class Gateway:
     ) -> HostedTools | None:
         """The request's hosted tools (its MCP servers listed, its approvals executed), or None
         when it names none and approves nothing."""
-        found = [(t, n) for n, t in enumerate(body.tools or ()) if isinstance(t, McpTool)]
-        if not found and not any(i.get("type") == "mcp_approval_response" for i in ctx.new_items):
+        found = [(t, n) for n, t in enumerate(body.tools) if isinstance(t, McpTool)] if body.tools else []
+        if not found and not (
+            isinstance(body.input, list)
+            and any(i.get("type") == "mcp_approval_response" for i in ctx.new_items)
+        ):
             return None
         return await hosted_plan(
             [t for t, _ in found],
