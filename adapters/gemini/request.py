@@ -15,6 +15,7 @@ import orjson
 
 from adapters.base import UpstreamRequest
 from adapters.content import (
+    chat_stop,
     LOGPROBS_INCLUDE,
     arguments_object,
     assistant_texts,
@@ -35,6 +36,7 @@ from adapters.gemini.wire import (
     GeminiTool,
 )
 from adapters.tools import function_tools
+from gateway.kernel.client_api import ClientApi
 from gateway.kernel.errors import ErrorCode, UpstreamRejected
 from gateway.kernel.tool_choice import parse_tool_choice
 
@@ -113,6 +115,12 @@ def _generation_config(req: UpstreamRequest) -> GeminiGenerationConfig:
         out["responseLogprobs"] = True
         if req.top_logprobs:
             out["logprobs"] = req.top_logprobs
+    stop = chat_stop(req)
+    if stop:
+        out["stopSequences"] = stop
+    seed = req.native.fields.get("seed") if req.native is not None and req.native.api is ClientApi.CHAT else None
+    if type(seed) is int:
+        out["seed"] = seed
     return out
 
 
