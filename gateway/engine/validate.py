@@ -30,6 +30,7 @@ def _param(loc: tuple[Any, ...], tags: frozenset[str] = ITEM_TAGS | PART_TAGS) -
     prev_int = False
     for n, part in enumerate(loc):
         if n + 1 < len(loc) and isinstance(part, str) and loc[n + 1] == part:
+            prev_int = False  # the field that follows is the tag's own, not a list element's tag
             continue
         if isinstance(part, int):
             out.append(f"[{part}]")
@@ -272,7 +273,7 @@ def _same_call(history: list[dict[str, Any]], item: dict[str, Any]) -> bool:
     )
 
 
-_CHAT_TAGS = frozenset({"text", "image_url", "file", "input_audio", "refusal", "function", "allowed_tools"})
+_CHAT_TAGS = frozenset({"text", "image_url", "file", "input_audio", "refusal"})
 
 
 def chat_request(data: Any, limits: Limits) -> ChatCompletionBody:
