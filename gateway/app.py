@@ -136,9 +136,9 @@ class GatewayApp(FastAPI):
         send: Send,
         handler: Callable[[Scope, Receive, Send, Gateway], Awaitable[None]] = http.create_response,
     ) -> None:
-        """``POST /v1/responses`` (or another API's ingress: ``handler``). A request runs to its end on the gateway current when it arrived
-        (a reload may swap it): held here, and handed to the handler (every other route's handler
-        gets its own the same way, ``holding``)."""
+        """``POST /v1/responses``, or another client API's ingress (``handler``). A request runs to
+        its end on the gateway current when it arrived (a reload may swap it): held here, and
+        handed to the handler (every other route's handler gets its own the same way, ``holding``)."""
         if scope["method"] != "POST":  # (a WebSocket upgrade is a "websocket" scope)
             await method_not_allowed(scope["method"], ("POST",))(scope, receive, send)
             return

@@ -29,7 +29,7 @@ from adapters.anthropic.wire import (
     ToolUseBlock,
 )
 from adapters.base import UpstreamRequest
-from adapters.content import arguments_object, chat_stop, assistant_texts, parse_data_url, unsupported_content
+from adapters.content import arguments_object, assistant_texts, chat_stop, parse_data_url, unsupported_content
 from adapters.tools import function_tools
 from gateway.kernel.errors import ErrorCode, UpstreamRejected
 from gateway.kernel.tool_choice import parse_tool_choice

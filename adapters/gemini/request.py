@@ -15,10 +15,10 @@ import orjson
 
 from adapters.base import UpstreamRequest
 from adapters.content import (
-    chat_stop,
     LOGPROBS_INCLUDE,
     arguments_object,
     assistant_texts,
+    chat_stop,
     parse_data_url,
     unsupported_content,
 )
@@ -118,7 +118,9 @@ def _generation_config(req: UpstreamRequest) -> GeminiGenerationConfig:
     stop = chat_stop(req)
     if stop:
         out["stopSequences"] = stop
-    seed = req.native.fields.get("seed") if req.native is not None and req.native.api is ClientApi.CHAT else None
+    seed = (
+        req.native.fields.get("seed") if req.native is not None and req.native.api is ClientApi.CHAT else None
+    )
     if type(seed) is int:
         out["seed"] = seed
     return out

@@ -282,7 +282,11 @@ def chat_request(data: Any, limits: Limits) -> ChatCompletionBody:
     (tool parameters, the response format's schema, and any field the engine hands on unread), a
     model named, and one choice only (``n`` > 1 is refused: the engine makes one answer a turn)."""
     body = parse_model(
-        ChatCompletionBody, data, max_elements=limits.max_input_elements, items_key="messages", tags=_CHAT_TAGS
+        ChatCompletionBody,
+        data,
+        max_elements=limits.max_input_elements,
+        items_key="messages",
+        tags=_CHAT_TAGS,
     )
     if body.n is not None and body.n > 1:
         raise InvalidRequest(

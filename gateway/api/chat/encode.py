@@ -121,7 +121,9 @@ class ChatChunks:
         self._calls: dict[int, int] = {}  # output_index of a function call → its tool_calls index
         self._failed = False
 
-    def _chunk(self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
+    def _chunk(
+        self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None
+    ) -> dict[str, Any]:
         assert self._head is not None  # response.created comes first
         chunk: dict[str, Any] = {
             **self._head,
@@ -139,7 +141,9 @@ class ChatChunks:
             index = self._calls.get(event["output_index"])
             if index is None:
                 return []
-            return [self._chunk({"tool_calls": [{"index": index, "function": {"arguments": event["delta"]}}]})]
+            return [
+                self._chunk({"tool_calls": [{"index": index, "function": {"arguments": event["delta"]}}]})
+            ]
         if kind in _TEXT_DELTAS:
             return [self._chunk({"reasoning_content": event["delta"]})]
         if kind == "response.refusal.delta":

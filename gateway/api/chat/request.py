@@ -71,7 +71,7 @@ def engine_request(body: ChatCompletionBody) -> CreateResponseBody:
                 type="json_schema",
                 name=schema.name,
                 description=schema.description,
-                schema=schema.schema_ or {},
+                schema_=schema.schema_ or {},
                 strict=schema.strict,
             ),
             verbosity=body.verbosity,
@@ -80,7 +80,7 @@ def engine_request(body: ChatCompletionBody) -> CreateResponseBody:
         text = TextParam(format=TextFormatJsonObject(type="json_object"), verbosity=body.verbosity)
     elif body.verbosity is not None:
         text = TextParam(verbosity=body.verbosity)
-    include = [LOGPROBS] if body.logprobs else None
+    include: list[Any] | None = [LOGPROBS] if body.logprobs else None
     top_logprobs = body.top_logprobs if body.logprobs else None
     user = body.user if body.user and len(body.user) <= _MAX_USER else None
     tools = [
@@ -214,7 +214,9 @@ def _user_content(msg: ChatMessage, at: str) -> str | list[Any]:
                     code=ErrorCode.MISSING_REQUIRED_PARAMETER,
                 )
             parts.append(
-                InputFile(type="input_file", filename=ref.filename, file_data=ref.file_data, file_id=ref.file_id)
+                InputFile(
+                    type="input_file", filename=ref.filename, file_data=ref.file_data, file_id=ref.file_id
+                )
             )
         else:
             raise _part_refused(f"{at}.content[{k}]", part.type, "user")
@@ -243,7 +245,10 @@ def _assistant(msg: ChatMessage, at: str) -> list[Any]:
     for call in msg.tool_calls or ():
         out.append(
             FunctionCallItem(
-                type="function_call", call_id=call.id, name=call.function.name, arguments=call.function.arguments
+                type="function_call",
+                call_id=call.id,
+                name=call.function.name,
+                arguments=call.function.arguments,
             )
         )
     if not out:  # an empty turn, as clients replay one: kept, so the roles still alternate

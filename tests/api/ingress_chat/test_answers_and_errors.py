@@ -20,7 +20,7 @@ from tests.harness import ServedApp, serve_gateway
 from tests.helpers import sse_events
 
 PATH = "/v1/chat/completions"
-HI = [{"role": "user", "content": "Hi"}]
+HI: Any = [{"role": "user", "content": "Hi"}]
 
 
 async def post(s: ServedApp, body: Any, **kw: Any) -> httpx.Response:
@@ -30,7 +30,9 @@ async def post(s: ServedApp, body: Any, **kw: Any) -> httpx.Response:
         return await c.post(PATH, json=body, headers=kw)
 
 
-def openai_error(r: httpx.Response, status: int, param: str | None, code: str | None = None) -> dict[str, Any]:
+def openai_error(
+    r: httpx.Response, status: int, param: str | None, code: str | None = None
+) -> dict[str, Any]:
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"}
@@ -49,7 +51,10 @@ def openai_error(r: httpx.Response, status: int, param: str | None, code: str | 
         ({"messages": HI}, "model", "missing_required_parameter"),
         ({"model": "mock", "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", None),
         (
-            {"model": "mock", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            {
+                "model": "mock",
+                "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}],
+            },
             "messages[0].content[0].image_url.url",
             "missing_required_parameter",
         ),
@@ -59,17 +64,33 @@ def openai_error(r: httpx.Response, status: int, param: str | None, code: str | 
             None,
         ),
         (
-            {"model": "mock", "messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "r"}]},
+            {
+                "model": "mock",
+                "messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "r"}],
+            },
             "messages[1].tool_call_id",
             "missing_required_parameter",
         ),
         (
-            {"model": "mock", "messages": [{"role": "system", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            {
+                "model": "mock",
+                "messages": [
+                    {"role": "system", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+                ],
+            },
             "messages[0].content[0].type",
             "invalid_value",
         ),
         (
-            {"model": "mock", "messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AA", "format": "wav"}}]}]},
+            {
+                "model": "mock",
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "input_audio", "input_audio": {"data": "AA", "format": "wav"}}],
+                    }
+                ],
+            },
             "messages[0].content[0].type",
             "invalid_value",
         ),
@@ -77,9 +98,25 @@ def openai_error(r: httpx.Response, status: int, param: str | None, code: str | 
         ({"model": "mock", "messages": HI, "stream": "yes"}, "stream", "invalid_value"),
         ({"model": "mock", "messages": HI, "n": 2}, "n", "unsupported_parameter"),
         ({"model": "mock", "messages": HI, "stop": ["a", "b", "c", "d", "e"]}, "stop", None),
-        ({"model": "mock", "messages": HI, "tool_choice": {"type": "function", "function": {}}}, "tool_choice.function.name", None),
-        ({"model": "mock", "messages": HI, "response_format": {"type": "json_schema", "json_schema": {}}}, "response_format.json_schema.name", None),
-        ({"model": "mock", "messages": HI, "tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].function.name", None),
+        (
+            {"model": "mock", "messages": HI, "tool_choice": {"type": "function", "function": {}}},
+            "tool_choice.function.name",
+            None,
+        ),
+        (
+            {"model": "mock", "messages": HI, "response_format": {"type": "json_schema", "json_schema": {}}},
+            "response_format.json_schema.name",
+            None,
+        ),
+        (
+            {
+                "model": "mock",
+                "messages": HI,
+                "tools": [{"type": "function", "function": {"name": "bad name"}}],
+            },
+            "tools[0].function.name",
+            None,
+        ),
         ({"model": "nope", "messages": HI}, "model", "model_not_found"),
     ],
 )
@@ -97,7 +134,7 @@ async def test_invalid_json_and_non_object(served: ServedApp) -> None:
 async def test_openai_sdk_raises_bad_request_with_the_param(served: ServedApp) -> None:
     client = openai.AsyncOpenAI(base_url=served.base_url + "/v1", api_key="sk-none", max_retries=0)
     with pytest.raises(openai.BadRequestError) as info:
-        await client.chat.completions.create(model="mock", messages=HI, n=3)  # type: ignore[arg-type]
+        await client.chat.completions.create(model="mock", messages=HI, n=3)
     assert info.value.param == "n"
 
 
@@ -124,13 +161,21 @@ async def test_finish_reasons(
     served: ServedApp, fakes: dict[str, Any], stream: bool, model: str, finish: str, expected: str
 ) -> None:
     fake = fakes[model]
-    fake.add(ChatReply.text("Cut short", finish=finish) if model == "openai-chat" else Reply.text("Cut short", finish=finish))
+    fake.add(
+        ChatReply.text("Cut short", finish=finish)
+        if model == "openai-chat"
+        else Reply.text("Cut short", finish=finish)
+    )
     body: dict[str, Any] = {"model": model, "messages": HI, "max_tokens": 20}
     if stream:
         body["stream"] = True
         r = await post(served, body)
         chunks = sse_events(r.text)
-        reasons = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+        reasons = [
+            c["choices"][0]["finish_reason"]
+            for c in chunks
+            if c["choices"] and c["choices"][0]["finish_reason"]
+        ]
         assert reasons == [expected]
     else:
         r = await post(served, body)
@@ -139,7 +184,9 @@ async def test_finish_reasons(
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_usage_has_cached_and_reasoning_tokens(served: ServedApp, fakes: dict[str, Any], stream: bool) -> None:
+async def test_usage_has_cached_and_reasoning_tokens(
+    served: ServedApp, fakes: dict[str, Any], stream: bool
+) -> None:
     reply = ChatReply.text("Hello!", usage=None, reasoning="Thinking.")
     reply.chunks.append(usage_chunk(100, 30, cached=64, reasoning=12))
     fakes["openai-chat"].add(reply)
@@ -152,7 +199,9 @@ async def test_usage_has_cached_and_reasoning_tokens(served: ServedApp, fakes: d
         chunks = sse_events(r.text)
         usage = chunks[-1]["usage"]
         assert chunks[-1]["choices"] == []
-        reasoning = "".join(c["choices"][0]["delta"].get("reasoning_content", "") for c in chunks if c["choices"])
+        reasoning = "".join(
+            c["choices"][0]["delta"].get("reasoning_content", "") for c in chunks if c["choices"]
+        )
     else:
         usage = r.json()["usage"]
         reasoning = "Thinking."  # (the fake's unstreamed answer has no reasoning)
@@ -175,27 +224,42 @@ async def test_anthropic_cache_reads_are_cached_tokens(served: ServedApp, fakes:
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_logprobs(served: ServedApp, fakes: dict[str, Any], stream: bool) -> None:
-    body: dict[str, Any] = {"model": "openai-chat", "messages": HI, "logprobs": True, "top_logprobs": 2, "stream": stream}
+    body: dict[str, Any] = {
+        "model": "openai-chat",
+        "messages": HI,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "stream": stream,
+    }
     r = await post(served, body)
     assert r.status_code == 200, r.text
     if stream:
-        entries = [e for c in sse_events(r.text) if c["choices"] and c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"]]
+        entries = [
+            e
+            for c in sse_events(r.text)
+            if c["choices"] and c["choices"][0]["logprobs"]
+            for e in c["choices"][0]["logprobs"]["content"]
+        ]
     else:
         entries = r.json()["choices"][0]["logprobs"]["content"]
     assert entries and all(len(e["top_logprobs"]) == 2 for e in entries)
     assert entries[0]["logprob"] == -0.5
 
 
-async def test_upstream_failure_mid_stream_is_an_openai_error(served: ServedApp, fakes: dict[str, Any]) -> None:
+async def test_upstream_failure_mid_stream_is_an_openai_error(
+    served: ServedApp, fakes: dict[str, Any]
+) -> None:
     fakes["anthropic"].add(Reply.text("Partial", stream_error="overloaded"))
     client = openai.AsyncOpenAI(base_url=served.base_url + "/v1", api_key="sk-none", max_retries=0)
-    stream = await client.chat.completions.create(model="anthropic", messages=HI, stream=True)  # type: ignore[arg-type]
+    stream = await client.chat.completions.create(model="anthropic", messages=HI, stream=True)
     with pytest.raises(openai.APIError):
         async for _ in stream:
             pass
 
 
-async def test_upstream_refusal_before_the_stream_is_its_status(served: ServedApp, fakes: dict[str, Any]) -> None:
+async def test_upstream_refusal_before_the_stream_is_its_status(
+    served: ServedApp, fakes: dict[str, Any]
+) -> None:
     fakes["openai-chat"].add(ChatReply.error(429))
     r = await post(served, {"model": "openai-chat", "messages": HI, "stream": True})
     assert r.status_code == 429
@@ -228,14 +292,23 @@ async def test_limits_and_tenancy_apply(servers: dict[str, Any], fakes: dict[str
         deep: Any = {"a": 1}
         for _ in range(10):
             deep = {"d": deep}
-        openai_error(await post(s, {**ok, "guided_json": deep}, authorization="Bearer sk-a"), 400, "guided_json", "nesting_too_deep")
+        openai_error(
+            await post(s, {**ok, "guided_json": deep}, authorization="Bearer sk-a"),
+            400,
+            "guided_json",
+            "nesting_too_deep",
+        )
         many = {**ok, "messages": HI * 11}
-        openai_error(await post(s, many, authorization="Bearer sk-a"), 400, "messages", "too_many_input_items")
+        openai_error(
+            await post(s, many, authorization="Bearer sk-a"), 400, "messages", "too_many_input_items"
+        )
         assert (await post(s, ok, authorization="Bearer sk-r")).status_code == 200
         limited = await post(s, ok, authorization="Bearer sk-r")
         openai_error(limited, 429, None)
         assert "retry-after" in limited.headers and "x-ratelimit-limit-requests" in limited.headers
-        assert (await post(s, ok, authorization="Bearer sk-n")).status_code == 200  # stateless: retention none is fine
+        assert (
+            await post(s, ok, authorization="Bearer sk-n")
+        ).status_code == 200  # stateless: retention none is fine
 
 
 async def test_requests_are_labelled_chat(served: ServedApp) -> None:

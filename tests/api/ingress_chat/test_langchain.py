@@ -47,7 +47,9 @@ async def test_tool_calls(served: ServedApp, fakes: dict[str, Any], model: str) 
     assert isinstance(got, AIMessage)
     assert [c["name"] for c in got.tool_calls] == ["get_weather"]
     call = got.tool_calls[0]
-    answer = await chat(served, model).bind_tools([get_weather]).ainvoke(
-        [HumanMessage("Weather in Paris?"), got, ToolMessage("sunny, 21C", tool_call_id=call["id"])]
+    answer = (
+        await chat(served, model)
+        .bind_tools([get_weather])
+        .ainvoke([HumanMessage("Weather in Paris?"), got, ToolMessage("sunny, 21C", tool_call_id=call["id"])])
     )
     assert "sunny, 21C" in str(answer.content)

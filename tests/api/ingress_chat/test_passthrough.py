@@ -13,8 +13,11 @@ import pytest
 
 from tests.harness import ServedApp
 
-IMAGE = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
-TOOL = {
+IMAGE = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9aw"
+    "AAAABJRU5ErkJggg=="
+)
+TOOL: Any = {
     "type": "function",
     "function": {
         "name": "lookup",
@@ -41,7 +44,11 @@ EVERYTHING: dict[str, Any] = {
             "role": "assistant",
             "content": None,
             "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q":"px"}'}}
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": '{"q":"px"}'},
+                }
             ],
         },
         {"role": "tool", "tool_call_id": "call_1", "content": "a pixel"},
@@ -128,7 +135,11 @@ def _plain(model: str, **extra: Any) -> dict[str, Any]:
 
 async def test_anthropic_upstream_gets_what_it_can_express(served: ServedApp, fakes: dict[str, Any]) -> None:
     fake = fakes["anthropic"]
-    got = await _sent(fake, served.base_url + "/v1/chat/completions", _plain("anthropic", tools=[TOOL], tool_choice="required"))
+    got = await _sent(
+        fake,
+        served.base_url + "/v1/chat/completions",
+        _plain("anthropic", tools=[TOOL], tool_choice="required"),
+    )
     assert got["model"] == "anthropic"
     assert [b["text"] for b in got["system"]] == ["Be brief."]
     assert [m["role"] for m in got["messages"]] == ["user"]

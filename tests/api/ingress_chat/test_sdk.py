@@ -15,7 +15,7 @@ from tests.fakes.openai_chat import Reply as ChatReply
 from tests.fakes.scripted import Reply
 from tests.harness import ServedApp
 
-WEATHER = {
+WEATHER: Any = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -46,7 +46,10 @@ async def test_create(served: ServedApp, fakes: dict[str, Any], model: str) -> N
     assert choice.finish_reason == "stop"
     assert choice.message.role == "assistant"
     assert "Hi there" in (choice.message.content or "")
-    assert got.usage is not None and got.usage.total_tokens == got.usage.prompt_tokens + got.usage.completion_tokens
+    assert (
+        got.usage is not None
+        and got.usage.total_tokens == got.usage.prompt_tokens + got.usage.completion_tokens
+    )
     assert got.usage.completion_tokens > 0
 
 
