@@ -93,11 +93,10 @@ def engine_request(body: ChatCompletionBody) -> CreateResponseBody:
         )
         for t in body.tools or ()
     ]
-    # model_construct: the engine's own bounds that Chat Completions does not share (a
-    # max_output_tokens under 16) are not the client's error; every part was validated already.
-    return CreateResponseBody.model_construct(
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    fields = dict(
         model=body.model,
-        input=_items(body.messages),
+        input=_input(body.messages),
         tools=tools or None,
         tool_choice=_tool_choice(body),
         parallel_tool_calls=body.parallel_tool_calls,
@@ -106,7 +105,6 @@ def engine_request(body: ChatCompletionBody) -> CreateResponseBody:
         top_p=body.top_p,
         presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty,
-        max_output_tokens=body.max_completion_tokens or body.max_tokens,
         reasoning=ReasoningParam(effort=body.reasoning_effort) if body.reasoning_effort else None,
         include=include,
         top_logprobs=top_logprobs,
@@ -117,6 +115,11 @@ def engine_request(body: ChatCompletionBody) -> CreateResponseBody:
         stream=bool(body.stream),
         store=False,
     )
+    # The engine's bounds are Chat Completions' but for max_output_tokens, whose floor of 16 is not
+    # this client's error: it is set once the rest is validated.
+    body_ = CreateResponseBody(**{k: v for k, v in fields.items() if v is not None})
+    body_.max_output_tokens = max_tokens
+    return body_
 
 
 def _tool_choice(body: ChatCompletionBody) -> Any:
@@ -136,6 +139,15 @@ def _tool_choice(body: ChatCompletionBody) -> Any:
 
 
 # -- messages -------------------------------------------------------------------------------------
+def _input(messages: list[ChatMessage]) -> str | list[Any]:
+    """The input items; one plain user message is its text alone, as a Responses client sends it."""
+    if len(messages) == 1:
+        only = messages[0]
+        if only.role == "user" and isinstance(only.content, str):
+            return only.content
+    return _items(messages)
+
+
 def _items(messages: list[ChatMessage]) -> list[Any]:
     items: list[Any] = []
     for n, msg in enumerate(messages):
