@@ -6,16 +6,21 @@ arguments as an object.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from gateway.kernel.client_api import ClientApi
 from gateway.kernel.errors import ErrorCode, UpstreamRejected
+
+if TYPE_CHECKING:
+    from adapters.base import UpstreamRequest
 
 __all__ = [
     "LOGPROBS_INCLUDE",
     "arguments_object",
     "assistant_texts",
+    "chat_stop",
     "parse_data_url",
     "unsupported_content",
 ]
@@ -57,3 +62,15 @@ def assistant_texts(content: Any) -> Iterator[str]:
         text = part.get("refusal") if part.get("type") == "refusal" else part.get("text")
         if text:
             yield text
+
+
+def chat_stop(req: UpstreamRequest) -> list[str]:
+    """A Chat Completions client's ``stop`` (a string or up to four), as a list: what the adapters
+    of other APIs send as their stop sequences (empty: none, or another client API)."""
+    native = req.native
+    if native is None or native.api is not ClientApi.CHAT:
+        return []
+    stop = native.fields.get("stop")
+    if isinstance(stop, str):
+        return [stop] if stop else []
+    return [s for s in stop if isinstance(s, str) and s] if isinstance(stop, list) else []

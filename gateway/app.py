@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from urllib.parse import urlsplit
 
@@ -22,6 +22,7 @@ from compact.opener import Opener
 from compact.seal import Sealer
 from compact.truncation import fit_context
 from gateway.api import admin, background, compact, http, ops, stored, usage
+from gateway.api.chat import http as chat_http
 from gateway.api.encode import sse_frame
 from gateway.api.exchange import error_response
 from gateway.api.inflight import InFlight
@@ -90,6 +91,10 @@ async def retire_gateway(gw: Gateway) -> None:
 
 
 HOT_PATHS = frozenset({"/v1/responses", "/v1/codex/responses"})
+# the other client APIs' ingresses (POST only), plain ASGI handlers as the hot path is
+INGRESSES: dict[str, Callable[[Scope, Receive, Send, Gateway], Awaitable[None]]] = {
+    chat_http.PATH: chat_http.create_chat_completion,
+}
 UNTRACED = frozenset({"/healthz", "/readyz", "/metrics"})  # probes and scrapes: no span each
 
 
@@ -112,6 +117,10 @@ class GatewayApp(FastAPI):
         if scope["path"] in HOT_PATHS:
             await self._responses(scope, receive, send)
             return
+        ingress = INGRESSES.get(scope["path"])
+        if ingress is not None:
+            await self._responses(scope, receive, send, ingress)
+            return
         allowed = self.fixed_paths.get(scope["path"])
         if allowed is not None and scope["method"] not in allowed:
             await method_not_allowed(scope["method"], allowed)(scope, receive, send)
@@ -122,10 +131,16 @@ class GatewayApp(FastAPI):
             return
         await super().__call__(scope, receive, send)
 
-    async def _responses(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """``POST /v1/responses``. A request runs to its end on the gateway current when it arrived
-        (a reload may swap it): held here, and handed to the handler (every other route's handler
-        gets its own the same way, ``holding``)."""
+    async def _responses(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        handler: Callable[[Scope, Receive, Send, Gateway], Awaitable[None]] = http.create_response,
+    ) -> None:
+        """``POST /v1/responses``, or another client API's ingress (``handler``). A request runs to
+        its end on the gateway current when it arrived (a reload may swap it): held here, and
+        handed to the handler (every other route's handler gets its own the same way, ``holding``)."""
         if scope["method"] != "POST":  # (a WebSocket upgrade is a "websocket" scope)
             await method_not_allowed(scope["method"], ("POST",))(scope, receive, send)
             return
@@ -133,7 +148,7 @@ class GatewayApp(FastAPI):
         live: LiveGateway = self.state.live
         with live.hold() as gw:
             try:
-                await http.create_response(scope, receive, send, gw)
+                await handler(scope, receive, send, gw)
             except Exception:
                 log.exception("unhandled_error", path=scope["path"])
                 with contextlib.suppress(Exception):  # the response may have started already

@@ -29,7 +29,7 @@ from adapters.anthropic.wire import (
     ToolUseBlock,
 )
 from adapters.base import UpstreamRequest
-from adapters.content import arguments_object, assistant_texts, parse_data_url, unsupported_content
+from adapters.content import arguments_object, assistant_texts, chat_stop, parse_data_url, unsupported_content
 from adapters.tools import function_tools
 from gateway.kernel.errors import ErrorCode, UpstreamRejected
 from gateway.kernel.tool_choice import parse_tool_choice
@@ -80,6 +80,9 @@ def build_body(
         body["top_p"] = sent["top_p"]
     if req.safety_identifier:
         body["metadata"] = {"user_id": req.safety_identifier}
+    stop = chat_stop(req)
+    if stop:
+        body["stop_sequences"] = stop
     if req.stream:
         body["stream"] = True
     if caching:

@@ -140,4 +140,5 @@ class MessagesRequest(TypedDict, total=False):
     temperature: float
     top_p: float
     metadata: MessagesMetadata
+    stop_sequences: list[str]
     stream: bool

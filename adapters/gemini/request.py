@@ -18,6 +18,7 @@ from adapters.content import (
     LOGPROBS_INCLUDE,
     arguments_object,
     assistant_texts,
+    chat_stop,
     parse_data_url,
     unsupported_content,
 )
@@ -35,6 +36,7 @@ from adapters.gemini.wire import (
     GeminiTool,
 )
 from adapters.tools import function_tools
+from gateway.kernel.client_api import ClientApi
 from gateway.kernel.errors import ErrorCode, UpstreamRejected
 from gateway.kernel.tool_choice import parse_tool_choice
 
@@ -113,6 +115,14 @@ def _generation_config(req: UpstreamRequest) -> GeminiGenerationConfig:
         out["responseLogprobs"] = True
         if req.top_logprobs:
             out["logprobs"] = req.top_logprobs
+    stop = chat_stop(req)
+    if stop:
+        out["stopSequences"] = stop
+    seed = (
+        req.native.fields.get("seed") if req.native is not None and req.native.api is ClientApi.CHAT else None
+    )
+    if type(seed) is int:
+        out["seed"] = seed
     return out
 
 

@@ -108,6 +108,8 @@ class GeminiGenerationConfig(TypedDict, total=False):
     thinkingConfig: GeminiThinkingConfig
     responseLogprobs: bool
     logprobs: int
+    stopSequences: list[str]
+    seed: int
 
 
 class GeminiRequest(TypedDict, total=False):

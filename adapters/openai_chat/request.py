@@ -7,7 +7,7 @@ messages become ``system``, text-only content is a plain string, ``max_tokens`` 
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 from adapters.base import UpstreamRequest
 from adapters.content import DEFAULT_ONE, LOGPROBS_INCLUDE, unsupported_content
@@ -26,6 +26,7 @@ from adapters.openai_chat.wire import (
     SamplingKey,
 )
 from adapters.tools import function_tools
+from gateway.kernel.client_api import ClientApi
 from gateway.kernel.errors import ErrorCode, UpstreamRejected
 from gateway.kernel.tool_choice import parse_tool_choice
 
@@ -49,7 +50,14 @@ _SAMPLING: tuple[SamplingKey, ...] = get_args(SamplingKey)
 
 def build_body(req: UpstreamRequest, *, send_defaults: bool = True) -> ChatRequest:
     """The ``/chat/completions`` request body for ``req`` (streamed, with usage in the stream,
-    unless ``req.stream`` is False)."""
+    unless ``req.stream`` is False). A Chat Completions client's request is its own body, as it
+    came (``req.native``), with the route's model and the gateway's streaming."""
+    if req.native is not None and req.native.api is ClientApi.CHAT:
+        native = cast(ChatRequest, {"model": req.model, **req.native.fields})
+        if req.stream:
+            native["stream"] = True
+            native["stream_options"] = {"include_usage": True}
+        return native
     body: ChatRequest = {"model": req.model, "messages": build_messages(req)}
     tools, tool_choice = build_tools(req.tools, req.tool_choice)
     if tools:

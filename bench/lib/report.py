@@ -219,6 +219,8 @@ def render(r: dict[str, Any]) -> str:
 
     if "per_adapter" in r:
         _per_adapter(t, r["per_adapter"])
+    if "chat_ingress" in r:
+        _chat_ingress(t, r["chat_ingress"])
 
     mem = r.get("memory", {})
     if mem:
@@ -462,6 +464,36 @@ def _per_adapter(t: Table, pa: dict[str, Any]) -> None:
         "adapter made for a JSON client (json: one unstreamed reply; stream: 16 chunks); direct JSON "
         "is always the format's unstreamed call."
     )
+
+
+def _chat_ingress(t: Table, ci: dict[str, Any]) -> None:
+    """The Chat Completions ingress and the Responses route to the same upstream, each against the
+    direct upstream (what each adds), c=1."""
+    t.title("Chat Completions ingress vs the Responses route, openai-chat upstream, c=1")
+    t.header("", "direct", "responses", "chat", "chat added", "resp added")
+    for key, label, metric in (
+        ("json_c1", "JSON latency", "latency_ms"),
+        ("sse_c1", "SSE first delta", "first_delta_ms"),
+        ("sse_c1", "SSE total", "latency_ms"),
+    ):
+        for q in ("p50", "p99"):
+            d = get(ci, key, "direct", metric, q)
+            resp = get(ci, key, "responses", metric, q)
+            chat = get(ci, key, "gateway", metric, q)
+            t.row(
+                f"{label} {q} (ms)",
+                num(d, 3),
+                num(resp, 3),
+                num(chat, 3),
+                signed(_sub(chat, d), 3),
+                signed(_sub(resp, d), 3),
+            )
+    for key in ("json_c1", "sse_c1"):
+        resp = get(ci, key, "responses", "cpu_ms_per_request", "gateway")
+        chat = get(ci, key, "gateway", "cpu_ms_per_request", "gateway")
+        t.row(f"{key} gateway CPU ms/request", "", num(resp, 3), num(chat, 3))
+        if e := _errors(ci.get(key)):
+            t.text(f"chat ingress {key}: {e}")
 
 
 def _mb(mem: dict[str, Any], key: str, field: str) -> float | None:

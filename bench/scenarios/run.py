@@ -436,6 +436,8 @@ class Bench:
         )
         # 3b. every HTTP adapter against the fake in its own wire format (issue 6)
         r["per_adapter"] = self.per_adapter(gw)
+        # 3c. the Chat Completions ingress (issue 24), beside the Responses route and the direct upstream
+        r["chat_ingress"] = self.chat_ingress(gw)
         r["memory"]["gateway_after_http_kb"] = proc_status(gw.pid)
         r["upstream_stats"] = orjson.loads(http_get(up_port, "/stats")[1])
 
@@ -601,6 +603,40 @@ class Bench:
                 for kind in ADAPTERS
                 if f"{kind} gateway" in res
             }
+        return out
+
+    def chat_ingress(self, gw: GatewayHandle) -> dict[str, Any]:
+        """Issue 24: the same conversation by ``POST /v1/chat/completions`` (the Chat Completions
+        ingress, to the openai-chat route) and by ``POST /v1/responses``, against the direct
+        upstream, at c=1, JSON and SSE (``SHORT_CHUNKS`` chunks), the three targets interleaved in
+        one load command each."""
+        port, up, chat = gw.port, self.up_port, "/v1/chat/completions"
+        out: dict[str, Any] = {"chunks": SHORT_CHUNKS}
+        for key, name, stage, targets in (
+            (
+                "json_c1",
+                "chat ingress: JSON c=1",
+                self.plan.adapter_json_c1,
+                {
+                    "gateway": target(port, chat, {**direct_json(), "model": "bench"}),
+                    "responses": target(port, "/v1/responses", gw_body("bench", False)),
+                    "direct": target(up, chat, direct_json()),
+                },
+            ),
+            (
+                "sse_c1",
+                f"chat ingress: SSE {SHORT_CHUNKS} chunks c=1",
+                self.plan.adapter_sse_c1,
+                {
+                    "gateway": target(
+                        port, chat, {**direct_sse(SHORT_CHUNKS), "model": "bench-sse"}, DIRECT_SSE
+                    ),
+                    "responses": target(port, "/v1/responses", gw_body("bench-sse", True), GW_SSE),
+                    "direct": target(up, chat, direct_sse(SHORT_CHUNKS), DIRECT_SSE),
+                },
+            ),
+        ):
+            out[key] = self.http(name, stage, 1, gw, targets)
         return out
 
     def check_adapter(self, port: int, targets: dict[str, Any]) -> tuple[str, dict[str, Any]]:

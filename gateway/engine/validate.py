@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 from gateway.kernel.errors import ErrorCode, InvalidRequest
 from gateway.kernel.items import call_ids
 from gateway.kernel.settings import Limits
+from gateway.kernel.spec.chat import ChatCompletionBody
 from gateway.kernel.spec.request import (
     ITEM_TAGS,
     PART_TAGS,
@@ -27,11 +28,16 @@ _MODEL_NAME = re.compile(r"[\x21-\x7e]+")
 _TYPE_WORDS = frozenset({"str", "int", "float", "bool", "none", "dict", "list", "is-instance"})
 
 
-def _param(loc: tuple[Any, ...]) -> str:
-    """``('input', 'list[...]', 0, 'message', 'content')`` → ``input[0].content``."""
+def _param(loc: tuple[Any, ...], tags: frozenset[str] = ITEM_TAGS | PART_TAGS | TOOL_TAGS) -> str:
+    """``('input', 'list[...]', 0, 'message', 'content')`` → ``input[0].content``. A union
+    member's tag followed by the field of the same name (Chat Completions'
+    ``('response_format', 'json_schema', 'json_schema', 'name')``) is that field once."""
     out: list[str] = []
     prev_int = False
-    for part in loc:
+    for n, part in enumerate(loc):
+        if n + 1 < len(loc) and isinstance(part, str) and loc[n + 1] == part:
+            prev_int = False  # the field that follows is the tag's own, not a list element's tag
+            continue
         if isinstance(part, int):
             out.append(f"[{part}]")
             prev_int = True
@@ -39,7 +45,7 @@ def _param(loc: tuple[Any, ...]) -> str:
         name = str(part)
         if "[" in name or "-" in name or name in _TYPE_WORDS or name[:1].isupper():
             continue  # a union member's description, not a field
-        if prev_int and (name in ITEM_TAGS or name in PART_TAGS or name in TOOL_TAGS):
+        if prev_int and name in tags:
             prev_int = False  # the discriminator tag of a list element
             continue
         out.append(("." if out else "") + name)
@@ -47,10 +53,10 @@ def _param(loc: tuple[Any, ...]) -> str:
     return "".join(out)
 
 
-def _best_error(exc: ValidationError) -> tuple[str, str]:
+def _best_error(exc: ValidationError, tags: frozenset[str] = ITEM_TAGS | PART_TAGS | TOOL_TAGS) -> tuple[str, str]:
     errors = exc.errors(include_url=False, include_context=False)
     best = max(errors, key=lambda e: len(e["loc"]))
-    param = _param(tuple(best["loc"]))
+    param = _param(tuple(best["loc"]), tags)
     msg = best["msg"]
     if best["type"] == "missing":
         msg = f"Missing required parameter: '{param}'."
@@ -66,8 +72,8 @@ def parse_json(raw: bytes) -> Any:
         raise InvalidRequest("The request body is not valid JSON.", code=ErrorCode.INVALID_JSON) from None
 
 
-def _elements(data: dict[str, Any]) -> int:
-    items = data.get("input")
+def _elements(data: dict[str, Any], items_key: str = "input") -> int:
+    items = data.get(items_key)
     tools = data.get("tools")
     count = len(tools) if isinstance(tools, list) else 0
     if isinstance(items, list):
@@ -79,25 +85,39 @@ def _elements(data: dict[str, Any]) -> int:
     return count
 
 
-def parse_model(model: type[M], data: Any, *, max_elements: int | None = None) -> M:
+def parse_model(
+    model: type[M],
+    data: Any,
+    *,
+    max_elements: int | None = None,
+    items_key: str = "input",
+    tags: frozenset[str] = ITEM_TAGS | PART_TAGS | TOOL_TAGS,
+) -> M:
     """``data`` validated strictly as ``model`` (no coercion: ``"stream": "yes"`` is an error, as on
     OpenAI's API). ``max_elements`` bounds input items + content parts + tools,
     counted before validation: validating holds the event loop (a few µs an element), so one
-    request of 250,000 tiny items would otherwise stall every other request for about a second."""
+    request of 250,000 tiny items would otherwise stall every other request for about a second.
+    ``items_key``: the field of the items (Chat Completions' ``messages``); ``tags``: the union
+    members' tags a ``param`` path leaves out."""
     if not isinstance(data, dict):
         raise InvalidRequest("The request body must be a JSON object.", code=ErrorCode.INVALID_JSON)
-    if max_elements is not None and (n := _elements(data)) > max_elements:
+    if max_elements is not None and (n := _elements(data, items_key)) > max_elements:
         raise InvalidRequest(
             f"The request has {n} input items, content parts and tools; this gateway accepts at most "
-            f"{max_elements}. Compact the conversation (POST /v1/responses/compact) or continue it "
-            "with previous_response_id.",
-            param="input",
+            f"{max_elements}."
+            + (
+                " Compact the conversation (POST /v1/responses/compact) or continue it "
+                "with previous_response_id."
+                if items_key == "input"
+                else ""
+            ),
+            param=items_key,
             code=ErrorCode.TOO_MANY_INPUT_ITEMS,
         )
     try:
         return model.model_validate(data, strict=True)
     except ValidationError as exc:
-        param, msg = _best_error(exc)
+        param, msg = _best_error(exc, tags)
         code = ErrorCode.MISSING_REQUIRED_PARAMETER if "Missing required" in msg else ErrorCode.INVALID_VALUE
         raise InvalidRequest(msg, param=param or None, code=code) from None
 
@@ -258,3 +278,31 @@ def _same_call(history: list[dict[str, Any]], item: dict[str, Any]) -> bool:
         and h.get("call_id") == item["call_id"]
         for h in history
     )
+
+
+_CHAT_TAGS = frozenset({"text", "image_url", "file", "input_audio", "refusal"})
+
+
+def chat_request(data: Any, limits: Limits) -> ChatCompletionBody:
+    """A ``POST /v1/chat/completions`` body validated as Open Responses bodies are: the element
+    limit (messages + content parts + tools), the wire model, the nesting of its free-form JSON
+    (tool parameters, the response format's schema, and any field the engine hands on unread), a
+    model named, and one choice only (``n`` > 1 is refused: the engine makes one answer a turn)."""
+    body = parse_model(
+        ChatCompletionBody,
+        data,
+        max_elements=limits.max_input_elements,
+        items_key="messages",
+        tags=_CHAT_TAGS,
+    )
+    if body.n is not None and body.n > 1:
+        raise InvalidRequest(
+            "Invalid value for 'n': this gateway generates one choice per request; send n: 1 or omit it.",
+            param="n",
+            code=ErrorCode.UNSUPPORTED_PARAMETER,
+        )
+    for key, value in data.items():
+        if isinstance(value, dict | list) and _depth_over(value, limits.max_json_depth):
+            raise _too_deep(key, limits.max_json_depth)
+    _check_model(body.model)
+    return body
