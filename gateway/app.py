@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from urllib.parse import urlsplit
 
@@ -25,6 +25,7 @@ from gateway.api.encode import sse_frame
 from gateway.api.exchange import error_response
 from gateway.api.inflight import InFlight
 from gateway.api.live import LiveGateway, holding
+from gateway.api.messages import http as messages
 from gateway.api.reload import Reloader
 from gateway.api.stall import StallWatch
 from gateway.api.ws import WebSocketHub, responses_socket
@@ -87,7 +88,10 @@ async def retire_gateway(gw: Gateway) -> None:
     await gw.router.aclose()
 
 
+Ingress = Callable[[Scope, Receive, Send, Gateway], Awaitable[None]]
 HOT_PATHS = frozenset({"/v1/responses", "/v1/codex/responses"})
+# The other client APIs' routes (POST only), dispatched like the hot path: handlers that stream
+INGRESS = {"/v1/messages": messages.create_message, "/v1/messages/count_tokens": messages.count_tokens}
 UNTRACED = frozenset({"/healthz", "/readyz", "/metrics"})  # probes and scrapes: no span each
 
 
@@ -110,6 +114,10 @@ class GatewayApp(FastAPI):
         if scope["path"] in HOT_PATHS:
             await self._responses(scope, receive, send)
             return
+        ingress = INGRESS.get(scope["path"])
+        if ingress is not None:
+            await self._held(ingress, scope, receive, send)
+            return
         allowed = self.fixed_paths.get(scope["path"])
         if allowed is not None and scope["method"] not in allowed:
             await method_not_allowed(scope["method"], allowed)(scope, receive, send)
@@ -124,6 +132,10 @@ class GatewayApp(FastAPI):
         """``POST /v1/responses``. A request runs to its end on the gateway current when it arrived
         (a reload may swap it): held here, and handed to the handler (every other route's handler
         gets its own the same way, ``holding``)."""
+        await self._held(http.create_response, scope, receive, send)
+
+    async def _held(self, handler: Ingress, scope: Scope, receive: Receive, send: Send) -> None:
+        """``handler`` (a POST route that streams) run on the gateway current when it arrived."""
         if scope["method"] != "POST":  # (a WebSocket upgrade is a "websocket" scope)
             await method_not_allowed(scope["method"], ("POST",))(scope, receive, send)
             return
@@ -131,7 +143,7 @@ class GatewayApp(FastAPI):
         live: LiveGateway = self.state.live
         with live.hold() as gw:
             try:
-                await http.create_response(scope, receive, send, gw)
+                await handler(scope, receive, send, gw)
             except Exception:
                 log.exception("unhandled_error", path=scope["path"])
                 with contextlib.suppress(Exception):  # the response may have started already

@@ -31,6 +31,7 @@ from adapters.anthropic.wire import (
 from adapters.base import UpstreamRequest
 from adapters.content import arguments_object, assistant_texts, parse_data_url, unsupported_content
 from adapters.tools import function_tools
+from gateway.kernel.client_api import ClientApi
 from gateway.kernel.errors import ErrorCode, UpstreamRejected
 from gateway.kernel.tool_choice import parse_tool_choice
 
@@ -82,6 +83,12 @@ def build_body(
         body["metadata"] = {"user_id": req.safety_identifier}
     if req.stream:
         body["stream"] = True
+    native = req.native
+    if native is not None and native.api is ClientApi.MESSAGES:
+        # A Messages client's own request: every field it sent goes on as it sent it (its blocks'
+        # cache_control included, so no breakpoints of the gateway's), the model and stream aside.
+        body.update(native.fields)  # type: ignore[typeddict-item]
+        return body
     if caching:
         mark_breakpoints(body)
     return body

@@ -26,6 +26,7 @@ from adapters.openai_chat.wire import (
     SamplingKey,
 )
 from adapters.tools import function_tools
+from gateway.kernel.client_api import ClientApi
 from gateway.kernel.errors import ErrorCode, UpstreamRejected
 from gateway.kernel.tool_choice import parse_tool_choice
 
@@ -79,6 +80,9 @@ def build_body(req: UpstreamRequest, *, send_defaults: bool = True) -> ChatReque
     if req.stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
+    native = req.native
+    if native is not None and native.api is ClientApi.MESSAGES and native.fields.get("stop_sequences"):
+        body["stop"] = native.fields["stop_sequences"]  # type: ignore[typeddict-unknown-key]
     return body
 
 

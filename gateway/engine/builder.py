@@ -216,8 +216,10 @@ class ResponseBuilder:
         "_oi",
         "_open",
         "_seq",
+        "cache_write_tokens",
         "resource",
         "state",
+        "stop_sequence",
     )
 
     def __init__(self, resource: dict[str, Any], *, error_event: bool = True) -> None:
@@ -232,6 +234,10 @@ class ResponseBuilder:
         self._open = _OpenItem(_NO_ITEM, None)  # the latest item and part; their states say if open
         self._call_keys: dict[int | str, dict[str, Any]] = {}
         self._finish: str | None = None
+        # What the resource has no field for, for the ingresses that answer it (Messages):
+        # the stop sequence that ended generation, and the tokens written to a prompt cache.
+        self.stop_sequence: str | None = None
+        self.cache_write_tokens = 0
 
     # -- events -----------------------------------------------------------------------------------
     def _next(self) -> int:
@@ -337,6 +343,7 @@ class ResponseBuilder:
                 return []
             case Finish():
                 self._finish = delta.reason
+                self.stop_sequence = delta.stop_sequence
                 return []
             case ItemDone():
                 return self._close_item(OutputState.COMPLETED)
@@ -574,6 +581,7 @@ class ResponseBuilder:
 
     # -- usage ------------------------------------------------------------------------------------
     def _usage(self, u: Usage) -> None:
+        self.cache_write_tokens = u.cache_write_tokens
         self.resource["usage"] = {
             "input_tokens": u.input_tokens,
             "output_tokens": u.output_tokens,
