@@ -86,7 +86,7 @@ def build_body(
     native = req.native
     if native is not None and native.api is ClientApi.MESSAGES:
         # A Messages client's own request: every field it sent goes on as it sent it (its blocks'
-        # cache_control included, so no breakpoints of the gateway's), the model and stream aside.
+        # cache_control included, so no breakpoints of the gateway's), the model aside.
         body.update(native.fields)  # type: ignore[typeddict-item]
         return body
     if caching:

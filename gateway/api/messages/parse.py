@@ -54,9 +54,9 @@ from gateway.kernel.spec.request import (
 
 M = TypeVar("M", bound=BaseModel)
 
-# The fields the engine's request carries itself: never overlaid from the client's body (the
-# route names the upstream model; the transport decides whether the upstream call streams).
-ENGINE_FIELDS = frozenset({"model", "stream"})
+# The field the engine's request carries itself, never overlaid from the client's body: the
+# route names the upstream model.
+ENGINE_FIELDS = frozenset({"model"})
 _TYPE_WORDS = frozenset({"str", "int", "float", "bool", "none", "dict", "list", "is-instance"})
 # budget_tokens → the smallest reasoning effort whose budget covers it (adapters/anthropic/request.py)
 _EFFORTS = (("minimal", 1024), ("low", 2048), ("medium", 8192), ("high", 24576))
@@ -327,15 +327,19 @@ def input_items(messages: list[Message]) -> list[Any]:
 
 
 def _effort(body: MessagesBody) -> ReasoningParam | None:
+    """``thinking`` as a reasoning effort (its budget's, adapters/anthropic/request.py's table) with
+    a summary unless its display is ``omitted`` (Anthropic returns the summarized thinking)."""
     thinking = body.thinking
     if thinking is None:
         return None
     if thinking.type == "disabled":
         return ReasoningParam(effort="none")
+    summary = None if thinking.display == "omitted" else "auto"
     if thinking.type == "adaptive" or thinking.budget_tokens is None:
-        return ReasoningParam(effort="medium")
-    effort = next((name for name, budget in _EFFORTS if thinking.budget_tokens <= budget), "xhigh")
-    return ReasoningParam(effort=effort)
+        return ReasoningParam(effort="medium", summary=summary)
+    budget = thinking.budget_tokens
+    effort = next((name for name, top in _EFFORTS if budget <= top), "xhigh")
+    return ReasoningParam(effort=effort, summary=summary)  # type: ignore[arg-type]
 
 
 def _tool_choice(body: MessagesBody) -> Any:

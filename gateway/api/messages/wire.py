@@ -127,6 +127,7 @@ class Thinking(BaseModel):
     model_config = ConfigDict(extra="ignore")
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: int | None = Field(default=None, ge=1024)
+    display: Literal["summarized", "omitted"] | None = None
 
 
 class Metadata(BaseModel):
