@@ -38,10 +38,13 @@ def error_type(status: int) -> str:
 
 def error_body(err: GatewayError, request_id: str | None = None) -> dict[str, Any]:
     """``err`` in Anthropic's shape: ``{"type": "error", "error": {"type", "message"}}``."""
-    body: dict[str, Any] = {
-        "type": "error",
-        "error": {"type": error_type(err.status), "message": err.message},
-    }
+    message = err.message
+    param = err.param
+    # the engine's own refusals name a field as ``param`` (its paths: the ingress's fields are
+    # named by the ingress itself, gateway/api/messages/parse.py)
+    if param and "[" not in param and not message.startswith(f"{param}: "):
+        message = f"{param}: {message}"
+    body: dict[str, Any] = {"type": "error", "error": {"type": error_type(err.status), "message": message}}
     if request_id:
         body["request_id"] = request_id
     return body

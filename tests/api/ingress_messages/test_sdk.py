@@ -14,12 +14,17 @@ from tests.api.ingress_messages.conftest import MODELS
 from tests.fakes.anthropic import Reply
 from tests.harness import ServedApp
 
-WEATHER = {
+WEATHER: Any = {
     "name": "get_weather",
     "description": "The weather in a city.",
     "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 }
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 32).decode()
+
+
+def ev(kind: str, **fields: Any) -> tuple[str, dict[str, Any]]:
+    """One raw upstream event for a scripted reply."""
+    return kind, {"type": kind, **fields}
 
 
 def client(gw: ServedApp) -> anthropic.AsyncAnthropic:
@@ -60,6 +65,7 @@ async def test_stream_text(all_gateway: ServedApp, fakes: dict[str, Any], model:
 async def _tool_loop(gw: ServedApp, model: str, streamed: bool) -> list[Any]:
     c = client(gw)
     messages: list[Any] = [{"role": "user", "content": "What is the weather?"}]
+    first: Any
     if streamed:
         async with c.messages.stream(model=model, max_tokens=300, messages=messages, tools=[WEATHER]) as s:
             first = await s.get_final_message()
@@ -98,7 +104,9 @@ async def test_thinking_signature_round_trip_to_anthropic(
     all_gateway: ServedApp, fakes: dict[str, Any], streamed: bool
 ) -> None:
     fake = fakes["anthropic"]
-    fake.add(Reply.text("Forty-two.", reasoning="Let me count.", signature="sig-Zm9vYmFy=="), Reply.text("Yes."))
+    fake.add(
+        Reply.text("Forty-two.", reasoning="Let me count.", signature="sig-Zm9vYmFy=="), Reply.text("Yes.")
+    )
     c = client(all_gateway)
     ask: dict[str, Any] = {
         "model": "via-anthropic",
@@ -124,7 +132,7 @@ async def test_thinking_signature_round_trip_to_anthropic(
         {"role": "user", "content": "sure?"},
     ]
     again = await c.messages.create(**{**ask, "messages": history})
-    assert again.content[-1].text == "Yes."  # type: ignore[union-attr]
+    assert again.content[-1].text == "Yes."
     sent = fake.requests[-1].body["messages"][1]["content"][0]
     assert sent == {"type": "thinking", "thinking": "Let me count.", "signature": "sig-Zm9vYmFy=="}
     assert fake.requests[-1].body["thinking"] == {"type": "enabled", "budget_tokens": 2000}
@@ -133,21 +141,21 @@ async def test_thinking_signature_round_trip_to_anthropic(
 async def test_redacted_thinking_passes_both_ways(all_gateway: ServedApp, fakes: dict[str, Any]) -> None:
     fake = fakes["anthropic"]
     redacted = {"type": "redacted_thinking", "data": "RU5DUllQVEVE"}
-    start = {"type": "message_start", "message": {"usage": {"input_tokens": 5, "output_tokens": 1}}}
+    text = {"type": "text", "text": ""}
     fake.add(
         Reply(
             events=[
-                ("message_start", start),
-                ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": redacted}),
-                ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-                ("content_block_start", {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}}),
-                ("content_block_delta", {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "Ok."}}),
-                ("content_block_stop", {"type": "content_block_stop", "index": 1}),
-                ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 3}}),
-                ("message_stop", {"type": "message_stop"}),
+                ev("message_start", message={"usage": {"input_tokens": 5, "output_tokens": 1}}),
+                ev("content_block_start", index=0, content_block=redacted),
+                ev("content_block_stop", index=0),
+                ev("content_block_start", index=1, content_block=text),
+                ev("content_block_delta", index=1, delta={"type": "text_delta", "text": "Ok."}),
+                ev("content_block_stop", index=1),
+                ev("message_delta", delta={"stop_reason": "end_turn"}, usage={"output_tokens": 3}),
+                ev("message_stop"),
             ]
         )
-    )  # fmt: skip
+    )
     c = client(all_gateway)
     async with c.messages.stream(
         model="via-anthropic", max_tokens=3000, messages=[{"role": "user", "content": "x"}]
@@ -158,7 +166,9 @@ async def test_redacted_thinking_passes_both_ways(all_gateway: ServedApp, fakes:
 
 
 @pytest.mark.parametrize("model", ["via-openai-responses", "via-gemini", "mock"])
-async def test_thinking_from_other_upstreams(all_gateway: ServedApp, fakes: dict[str, Any], model: str) -> None:
+async def test_thinking_from_other_upstreams(
+    all_gateway: ServedApp, fakes: dict[str, Any], model: str
+) -> None:
     """Reasoning from any upstream is a thinking block; sent back, it is that upstream's reasoning."""
     c = client(all_gateway)
     ask: dict[str, Any] = {
@@ -216,14 +226,14 @@ async def test_max_tokens_stop_reason(all_gateway: ServedApp, fakes: dict[str, A
 
 async def test_stop_sequence_from_anthropic(all_gateway: ServedApp, fakes: dict[str, Any]) -> None:
     fake = fakes["anthropic"]
-    start = {"type": "message_start", "message": {"usage": {"input_tokens": 5, "output_tokens": 1}}}
+    stopped = {"stop_reason": "stop_sequence", "stop_sequence": ", 3"}
     events: list[Any] = [
-        ("message_start", start),
-        ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": "1, 2"}}),
-        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "stop_sequence", "stop_sequence": ", 3"}, "usage": {"output_tokens": 3}}),
-        ("message_stop", {"type": "message_stop"}),
-    ]  # fmt: skip
+        ev("message_start", message={"usage": {"input_tokens": 5, "output_tokens": 1}}),
+        ev("content_block_start", index=0, content_block={"type": "text", "text": "1, 2"}),
+        ev("content_block_stop", index=0),
+        ev("message_delta", delta=stopped, usage={"output_tokens": 3}),
+        ev("message_stop"),
+    ]
     fake.add(Reply(events=events), Reply(events=events))
     c = client(all_gateway)
     ask: dict[str, Any] = {
@@ -238,7 +248,9 @@ async def test_stop_sequence_from_anthropic(all_gateway: ServedApp, fakes: dict[
     assert fake.requests[-1].body["stop_sequences"] == [", 3"]
 
 
-async def test_stop_sequences_and_top_k_reach_other_upstreams(all_gateway: ServedApp, fakes: dict[str, Any]) -> None:
+async def test_stop_sequences_and_top_k_reach_other_upstreams(
+    all_gateway: ServedApp, fakes: dict[str, Any]
+) -> None:
     c = client(all_gateway)
     for model in ("via-openai-chat", "via-gemini"):
         await c.messages.create(
@@ -256,7 +268,9 @@ async def test_stop_sequences_and_top_k_reach_other_upstreams(all_gateway: Serve
 async def test_cache_usage_from_anthropic(all_gateway: ServedApp, fakes: dict[str, Any]) -> None:
     """The client's own cache_control breakpoints reach the upstream; its cache figures come back."""
     c = client(all_gateway)
-    system: Any = [{"type": "text", "text": "Long instructions. " * 50, "cache_control": {"type": "ephemeral"}}]
+    system: Any = [
+        {"type": "text", "text": "Long instructions. " * 50, "cache_control": {"type": "ephemeral"}}
+    ]
     ask: dict[str, Any] = {"model": "via-anthropic", "max_tokens": 50, "system": system}
     first = await c.messages.create(**ask, messages=[{"role": "user", "content": "a"}])
     assert first.usage.cache_creation_input_tokens and first.usage.cache_creation_input_tokens > 0
@@ -266,3 +280,26 @@ async def test_cache_usage_from_anthropic(all_gateway: ServedApp, fakes: dict[st
     assert second.usage.cache_read_input_tokens == first.usage.cache_creation_input_tokens
     assert second.usage.cache_creation_input_tokens == 0
     assert fakes["anthropic"].requests[-1].body["system"] == system
+
+
+async def test_upstream_errors_in_anthropic_shape(all_gateway: ServedApp, fakes: dict[str, Any]) -> None:
+    """A refusal before the first event is an error response; a failure mid-stream an ``error`` event."""
+    fake = fakes["anthropic"]
+    fake.add(Reply.error(400), Reply.text("partial", stream_error="overloaded"))
+    c = client(all_gateway)
+    ask: dict[str, Any] = {
+        "model": "via-anthropic",
+        "max_tokens": 50,
+        "messages": [{"role": "user", "content": "x"}],
+    }
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        async with c.messages.stream(**ask) as s:
+            await s.get_final_message()
+    assert bad.value.body["type"] == "error"  # type: ignore[index]
+    seen: list[str] = []
+    with pytest.raises(anthropic.APIStatusError) as failed:
+        async with c.messages.stream(**ask) as s:
+            async for event in s:
+                seen.append(event.type)
+    assert "content_block_delta" in seen and "message_stop" not in seen
+    assert failed.value.body["error"]["type"] == "api_error"  # type: ignore[index]
