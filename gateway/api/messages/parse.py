@@ -185,6 +185,13 @@ def parse_messages(data: Any, limits: Limits) -> MessagesBody:
     if choice is not None and choice.type == "tool" and not choice.name:
         raise invalid("tool_choice.tool.name", "Field required", ErrorCode.MISSING_REQUIRED_PARAMETER)
     _check_tool_ids(body.messages)
+    last = len(body.messages) - 1
+    for n, msg in enumerate(body.messages):
+        if not msg.content and not (n == last and msg.role == "assistant"):
+            raise invalid(
+                f"messages.{n}",
+                "all messages must have non-empty content except for the optional final assistant message",
+            )
     return body
 
 

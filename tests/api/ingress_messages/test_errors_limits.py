@@ -77,6 +77,10 @@ def error_of(resp: httpx.Response, status: int, kind: str) -> str:
         ),
         ({**OK, "messages": [{"role": "user", "content": [{"type": "video"}]}]}, "messages.0.content.0"),
         ({**OK, "messages": []}, "messages: "),
+        (
+            {**OK, "messages": [{"role": "user", "content": []}]},
+            "messages.0: all messages must have non-empty",
+        ),
         ({**OK, "temperature": 1.5}, "temperature: "),
         ({**OK, "stream": "yes"}, "stream: "),
         ({**OK, "tools": [{"name": "bad name", "input_schema": {}}]}, "tools.0.name: "),

@@ -20,9 +20,7 @@ def get_weather(city: str) -> str:
 
 
 def chat(gw: ServedApp, model: str) -> ChatAnthropic:
-    return ChatAnthropic(
-        model=model, base_url=gw.base_url, api_key="sk-none", max_tokens=200, max_retries=0
-    )
+    return ChatAnthropic(model=model, base_url=gw.base_url, api_key="sk-none", max_tokens=200, max_retries=0)
 
 
 @pytest.mark.parametrize("model", ["via-anthropic", "mock"])
