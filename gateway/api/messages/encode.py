@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import orjson
 
 from adapters.anthropic.request import REDACTED_PREFIX
-from gateway.kernel.errors import GatewayError
+from gateway.kernel.errors import ErrorCode, GatewayError
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
@@ -32,6 +32,12 @@ class Finished(Protocol):
     cache_write_tokens: int
 
 
+def error_status(err: GatewayError) -> int:
+    """The HTTP status Messages answers ``err`` with: the gateway's, except an unknown (or not
+    allowed) model, which Anthropic's API answers 404 ``not_found_error``."""
+    return 404 if err.code == ErrorCode.MODEL_NOT_FOUND else err.status
+
+
 def error_type(status: int) -> str:
     return _TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
 
@@ -44,7 +50,10 @@ def error_body(err: GatewayError, request_id: str | None = None) -> dict[str, An
     # named by the ingress itself, gateway/api/messages/parse.py)
     if param and "[" not in param and not message.startswith(f"{param}: "):
         message = f"{param}: {message}"
-    body: dict[str, Any] = {"type": "error", "error": {"type": error_type(err.status), "message": message}}
+    body: dict[str, Any] = {
+        "type": "error",
+        "error": {"type": error_type(error_status(err)), "message": message},
+    }
     if request_id:
         body["request_id"] = request_id
     return body

@@ -19,7 +19,7 @@ from gateway.api.disconnect import DisconnectWatch
 from gateway.api.exchange import RequestLog, rate_limit_headers, read_body
 from gateway.api.frames import BodyWriter
 from gateway.api.inflight import InFlight
-from gateway.api.messages.encode import MessageStream, error_body, message_of
+from gateway.api.messages.encode import MessageStream, error_body, error_status, message_of
 from gateway.api.messages.parse import engine_request, input_items, parse_count, parse_messages, system_text
 from gateway.api.stall import StallWatch
 from gateway.engine.auth import Principal
@@ -63,7 +63,8 @@ async def _send_error(
     if retry_after is not None and err.status in (429, 503):
         headers.append((b"retry-after", str(max(1, int(-(-retry_after // 1)))).encode()))
     payload = orjson.dumps(error_body(err, rlog.request_id))
-    await send({"type": "http.response.start", "status": err.status, "headers": [_JSON, *headers]})
+    status = error_status(err)
+    await send({"type": "http.response.start", "status": status, "headers": [_JSON, *headers]})
     await send({"type": "http.response.body", "body": payload})
 
 

@@ -346,7 +346,7 @@ def _effort(body: MessagesBody) -> ReasoningParam | None:
         return ReasoningParam(effort="medium", summary=summary)
     budget = thinking.budget_tokens
     effort = next((name for name, top in _EFFORTS if budget <= top), "xhigh")
-    return ReasoningParam(effort=effort, summary=summary)  # type: ignore[arg-type]
+    return ReasoningParam(effort=effort, summary=summary)
 
 
 def _tool_choice(body: MessagesBody) -> Any:

@@ -93,7 +93,6 @@ def error_of(resp: httpx.Response, status: int, kind: str) -> str:
             "messages.0.content.0.tool_use_id: unexpected `tool_use_id`",
         ),
         ({**OK, "model": "no such"}, "model: "),
-        ({**OK, "model": "nope"}, "model: The requested model 'nope' does not exist."),
         (
             {
                 **OK,
@@ -126,8 +125,11 @@ def test_authentication(gw: ServedApp) -> None:
     error_of(post(gw, OK, key="sk-wrong", path="/v1/messages/count_tokens"), 401, "authentication_error")
 
 
-def test_model_allow_list(gw: ServedApp) -> None:
-    message = error_of(post(gw, OK, key="sk-only-other"), 400, "invalid_request_error")
+def test_unknown_and_disallowed_models_are_not_found(gw: ServedApp) -> None:
+    """As Anthropic's API answers an unknown model: 404 not_found_error, naming the field."""
+    message = error_of(post(gw, {**OK, "model": "nope"}), 404, "not_found_error")
+    assert message == "model: The requested model 'nope' does not exist."
+    message = error_of(post(gw, OK, key="sk-only-other"), 404, "not_found_error")
     assert message.startswith("model: ")
     assert post(gw, {**OK, "model": "other"}, key="sk-only-other").status_code == 200
 
@@ -167,7 +169,7 @@ async def test_count_tokens_is_the_gateway_estimate(gw: ServedApp) -> None:
         model="mock", system=system, messages=[{"role": "user", "content": text}]
     )
     assert with_system.input_tokens == plain.input_tokens + estimate_text(system)
-    with pytest.raises(anthropic.BadRequestError):
+    with pytest.raises(anthropic.NotFoundError):
         await c.messages.count_tokens(model="nope", messages=[{"role": "user", "content": text}])
     with pytest.raises(anthropic.BadRequestError):
         await c.messages.count_tokens(model="mock", messages=[])
