@@ -368,14 +368,13 @@ def engine_request(body: MessagesBody, raw: dict[str, Any]) -> tuple[CreateRespo
     ]
     choice = body.tool_choice
     user_id = body.metadata.user_id if body.metadata else None
-    engine = CreateResponseBody.model_construct(
+    engine = CreateResponseBody(
         model=body.model,
         input=input_items(body.messages),
         instructions=system_text(body.system),
         tools=tools or None,
         tool_choice=_tool_choice(body),
         parallel_tool_calls=False if choice is not None and choice.disable_parallel_tool_use else None,
-        max_output_tokens=body.max_tokens,
         temperature=body.temperature,
         top_p=body.top_p,
         reasoning=_effort(body),
@@ -384,5 +383,7 @@ def engine_request(body: MessagesBody, raw: dict[str, Any]) -> tuple[CreateRespo
         store=False,
         truncation="disabled",
     )
+    # set past validation: Messages' max_tokens may be below the 16 Open Responses requires
+    engine.max_output_tokens = body.max_tokens
     native = NativeFields(ClientApi.MESSAGES, {k: v for k, v in raw.items() if k not in ENGINE_FIELDS})
     return engine, native
