@@ -100,6 +100,7 @@ class Finish:
     """Why generation stopped. ``length`` makes the response ``incomplete`` (max_output_tokens)."""
 
     reason: FinishReason = "stop"
+    stop_sequence: str | None = None  # the client's stop sequence that ended it, when the provider says
 
 
 Delta = (

@@ -27,6 +27,7 @@ from gateway.api.encode import sse_frame
 from gateway.api.exchange import error_response
 from gateway.api.inflight import InFlight
 from gateway.api.live import LiveGateway, holding
+from gateway.api.messages import http as messages
 from gateway.api.reload import Reloader
 from gateway.api.stall import StallWatch
 from gateway.api.ws import WebSocketHub, responses_socket
@@ -90,10 +91,13 @@ async def retire_gateway(gw: Gateway) -> None:
     await gw.router.aclose()
 
 
+Ingress = Callable[[Scope, Receive, Send, Gateway], Awaitable[None]]
 HOT_PATHS = frozenset({"/v1/responses", "/v1/codex/responses"})
-# the other client APIs' ingresses (POST only), plain ASGI handlers as the hot path is
-INGRESSES: dict[str, Callable[[Scope, Receive, Send, Gateway], Awaitable[None]]] = {
+# the other client APIs' ingresses (POST only), plain ASGI handlers dispatched as the hot path is
+INGRESSES: dict[str, Ingress] = {
     chat_http.PATH: chat_http.create_chat_completion,
+    "/v1/messages": messages.create_message,
+    "/v1/messages/count_tokens": messages.count_tokens,
 }
 UNTRACED = frozenset({"/healthz", "/readyz", "/metrics"})  # probes and scrapes: no span each
 
@@ -119,7 +123,7 @@ class GatewayApp(FastAPI):
             return
         ingress = INGRESSES.get(scope["path"])
         if ingress is not None:
-            await self._responses(scope, receive, send, ingress)
+            await self._held(ingress, scope, receive, send)
             return
         allowed = self.fixed_paths.get(scope["path"])
         if allowed is not None and scope["method"] not in allowed:
@@ -131,16 +135,14 @@ class GatewayApp(FastAPI):
             return
         await super().__call__(scope, receive, send)
 
-    async def _responses(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        handler: Callable[[Scope, Receive, Send, Gateway], Awaitable[None]] = http.create_response,
-    ) -> None:
-        """``POST /v1/responses``, or another client API's ingress (``handler``). A request runs to
-        its end on the gateway current when it arrived (a reload may swap it): held here, and
-        handed to the handler (every other route's handler gets its own the same way, ``holding``)."""
+    async def _responses(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /v1/responses``. A request runs to its end on the gateway current when it arrived
+        (a reload may swap it): held here, and handed to the handler (every other route's handler
+        gets its own the same way, ``holding``)."""
+        await self._held(http.create_response, scope, receive, send)
+
+    async def _held(self, handler: Ingress, scope: Scope, receive: Receive, send: Send) -> None:
+        """``handler`` (a POST route that streams) run on the gateway current when it arrived."""
         if scope["method"] != "POST":  # (a WebSocket upgrade is a "websocket" scope)
             await method_not_allowed(scope["method"], ("POST",))(scope, receive, send)
             return

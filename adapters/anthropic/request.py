@@ -31,6 +31,7 @@ from adapters.anthropic.wire import (
 from adapters.base import UpstreamRequest
 from adapters.content import arguments_object, assistant_texts, chat_stop, parse_data_url, unsupported_content
 from adapters.tools import function_tools
+from gateway.kernel.client_api import ClientApi
 from gateway.kernel.errors import ErrorCode, UpstreamRejected
 from gateway.kernel.tool_choice import parse_tool_choice
 
@@ -85,6 +86,12 @@ def build_body(
         body["stop_sequences"] = stop
     if req.stream:
         body["stream"] = True
+    native = req.native
+    if native is not None and native.api is ClientApi.MESSAGES:
+        # A Messages client's own request: every field it sent goes on as it sent it (its blocks'
+        # cache_control included, so no breakpoints of the gateway's), the model aside.
+        body.update(native.fields)  # type: ignore[typeddict-item]
+        return body
     if caching:
         mark_breakpoints(body)
     return body

@@ -49,7 +49,7 @@ _AUTH_TYPES = frozenset({"authentication_error", "permission_error"})
 class MessagesStreamTranslator:
     """Feed each parsed event to :meth:`feed`; call :meth:`end` when the body is over."""
 
-    __slots__ = ("_blocks", "_calls", "_done", "_stop_reason", "_usage", "_with_args")
+    __slots__ = ("_blocks", "_calls", "_done", "_stop_reason", "_stop_sequence", "_usage", "_with_args")
 
     def __init__(self) -> None:
         self._blocks: dict[int, str] = {}  # content block index → block type
@@ -57,6 +57,7 @@ class MessagesStreamTranslator:
         self._calls = 0
         self._usage: dict[str, int] = {}
         self._stop_reason: str | None = None
+        self._stop_sequence: str | None = None
         self._done = False
 
     @property
@@ -87,7 +88,9 @@ class MessagesStreamTranslator:
             self._take_usage((event.get("message") or {}).get("usage"))
             return []
         if kind == "message_delta":
-            self._stop_reason = (event.get("delta") or {}).get("stop_reason") or self._stop_reason
+            delta = event.get("delta") or {}
+            self._stop_reason = delta.get("stop_reason") or self._stop_reason
+            self._stop_sequence = delta.get("stop_sequence") or self._stop_sequence
             self._take_usage(event.get("usage"))
             return []
         if kind == "message_stop":
@@ -108,6 +111,7 @@ class MessagesStreamTranslator:
                 out += self._start(index, block)
                 out += self._stop(index)
         self._stop_reason = message.get("stop_reason") or self._stop_reason
+        self._stop_sequence = message.get("stop_sequence") or self._stop_sequence
         return out + self.feed({"type": "message_stop"})
 
     def end(self) -> list[Delta]:
@@ -183,7 +187,8 @@ class MessagesStreamTranslator:
         reason = _FINISH.get(self._stop_reason or "", "stop")
         if reason == "stop" and self._calls and self._stop_reason != "pause_turn":
             reason = "tool_calls"
-        out.append(Finish(reason))
+        stop = self._stop_sequence if self._stop_reason == "stop_sequence" else None
+        out.append(Finish(reason, stop if isinstance(stop, str) else None))
         return out
 
 

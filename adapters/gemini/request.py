@@ -85,6 +85,12 @@ def build_body(req: UpstreamRequest) -> GeminiRequest:
         if config is not None:
             body["toolConfig"] = {"functionCallingConfig": config}
     generation = _generation_config(req)
+    native = req.native
+    if native is not None and native.api is ClientApi.MESSAGES:  # what Gemini expresses of a Messages request
+        if native.fields.get("stop_sequences"):
+            generation["stopSequences"] = native.fields["stop_sequences"]  # type: ignore[typeddict-unknown-key]
+        if isinstance(native.fields.get("top_k"), int):
+            generation["topK"] = native.fields["top_k"]  # type: ignore[typeddict-unknown-key]
     if generation:
         body["generationConfig"] = generation
     return body

@@ -87,6 +87,9 @@ def build_body(req: UpstreamRequest, *, send_defaults: bool = True) -> ChatReque
     if req.stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
+    native = req.native
+    if native is not None and native.api is ClientApi.MESSAGES and native.fields.get("stop_sequences"):
+        body["stop"] = native.fields["stop_sequences"]  # type: ignore[typeddict-unknown-key]
     return body
 
 

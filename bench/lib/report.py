@@ -221,6 +221,14 @@ def render(r: dict[str, Any]) -> str:
         _per_adapter(t, r["per_adapter"])
     if "chat_ingress" in r:
         _chat_ingress(t, r["chat_ingress"])
+    if "messages_ingress" in r:
+        mi = r["messages_ingress"]
+        _per_adapter(
+            t,
+            mi,
+            title=f"Messages ingress, c=1: POST /v1/messages and POST /v1/responses via the anthropic "
+            f"adapter vs the Messages request direct to the fake (SSE: {mi.get('chunks')} chunks)",
+        )
 
     mem = r.get("memory", {})
     if mem:
@@ -406,11 +414,13 @@ def render(r: dict[str, Any]) -> str:
     return "\n".join(t.lines)
 
 
-def _per_adapter(t: Table, pa: dict[str, Any]) -> None:
+def _per_adapter(t: Table, pa: dict[str, Any], title: str | None = None) -> None:
     """Issue 6: one row per adapter; gateway (a model routed through the adapter) vs direct (the
-    adapter's native request sent straight to the fake), c=1."""
+    adapter's native request sent straight to the fake), c=1. ``title``: another table of the same
+    shape (issue 24's, one row per ingress)."""
     t.title(
-        f"Per adapter, c=1: gateway via each adapter vs the native request direct to the fake "
+        title
+        or f"Per adapter, c=1: gateway via each adapter vs the native request direct to the fake "
         f"(SSE: {pa.get('chunks')} chunks)"
     )
     cols = ("direct p50", "gateway p50", "added p50", "ratio", "added p99")

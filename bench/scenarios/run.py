@@ -80,6 +80,8 @@ GW_SSE = {
     "events": "\nevent: ",
     "deltas": "event: response.output_text.delta\n",
 }
+# The Messages ingress's stream: Anthropic's events, the gateway's own (the same patterns as direct).
+GW_MESSAGES_SSE = {"marker": '"type":"text_delta"', "events": "\nevent: ", "deltas": '"type":"text_delta"'}
 DIRECT_SSE = {"marker": '"content":"tok ', "events": "\ndata: {", "deltas": '"content":"tok '}
 # The direct baseline of each adapter's native format: the marker matches its first text delta.
 DIRECT_SSE_BY_ADAPTER = {
@@ -438,6 +440,8 @@ class Bench:
         r["per_adapter"] = self.per_adapter(gw)
         # 3c. the Chat Completions ingress (issue 24), beside the Responses route and the direct upstream
         r["chat_ingress"] = self.chat_ingress(gw)
+        # 3c. the Anthropic Messages ingress (issue 24) beside the Responses route, same upstream
+        r["messages_ingress"] = self.messages_ingress(gw)
         r["memory"]["gateway_after_http_kb"] = proc_status(gw.pid)
         r["upstream_stats"] = orjson.loads(http_get(up_port, "/stats")[1])
 
@@ -637,6 +641,66 @@ class Bench:
             ),
         ):
             out[key] = self.http(name, stage, 1, gw, targets)
+        return out
+
+    def messages_ingress(self, gw: GatewayHandle) -> dict[str, Any]:
+        """Issue 24: ``POST /v1/messages`` through the anthropic adapter against the same request
+        sent straight to the fake, beside ``POST /v1/responses`` on the same route: what the
+        Messages ingress adds, and whether it adds more than the Responses route does. c=1, JSON and
+        SSE (``SHORT_CHUNKS`` chunks), the three targets interleaved in rounds."""
+        assert self.load is not None
+        gw.ensure("messages ingress")
+        port, up = gw.port, self.up_port
+        kind = "anthropic"
+        out: dict[str, Any] = {"chunks": SHORT_CHUNKS, "check": {}, "skipped": {}}
+        _, json_native = direct_native(kind, False)
+        _, sse_native = direct_native(kind, True)
+        routes = {
+            "responses→anthropic": {
+                "json gateway": target(port, "/v1/responses", gw_body(f"adapter-{kind}", False)),
+                "sse gateway": target(port, "/v1/responses", gw_body(f"adapter-{kind}-sse", True), GW_SSE),
+            },
+            "messages→anthropic": {
+                "json gateway": target(port, "/v1/messages", {**json_native, "model": f"adapter-{kind}"}),
+                "sse gateway": target(
+                    port, "/v1/messages", {**sse_native, "model": f"adapter-{kind}-sse"}, GW_MESSAGES_SSE
+                ),
+            },
+        }
+        direct = {
+            "json direct": target(up, *direct_native(kind, False)),
+            "sse direct": target(up, *direct_native(kind, True), DIRECT_SSE_BY_ADAPTER[kind]),
+        }
+        json_targets: dict[str, Any] = {"direct": direct["json direct"]}
+        sse_targets: dict[str, Any] = {"direct": direct["sse direct"]}
+        for name, t in routes.items():
+            res = self.load.run(
+                {"cmd": "http", "concurrency": 1, "requests": 1, "max_seconds": 10, "targets": t}, 90
+            )
+            out["check"][name] = {
+                k: {"statuses": v["statuses"], "deltas": v.get("deltas")} for k, v in res.items()
+            }
+            bad = [k for k, v in res.items() if v["requests"] != 1]
+            if bad or res["sse gateway"].get("deltas") != SHORT_CHUNKS:
+                out["skipped"][name] = f"check failed: {out['check'][name]}"
+                self.say(f"messages ingress: {name} left out: {out['skipped'][name]}")
+                continue
+            json_targets[name] = t["json gateway"]
+            sse_targets[name] = t["sse gateway"]
+        plan = self.plan
+        for key, label, stage, targets in (
+            ("json_c1", "messages ingress: JSON c=1", plan.adapter_json_c1, json_targets),
+            ("sse_c1", f"messages ingress: SSE {SHORT_CHUNKS} chunks c=1", plan.adapter_sse_c1, sse_targets),
+        ):
+            if len(targets) < 2:
+                continue
+            res = self.http(label, stage, 1, gw, targets)
+            if "error" in res:
+                out[key] = res
+                continue
+            out[key] = {
+                name: {"gateway": res[name], "direct": res["direct"]} for name in targets if name != "direct"
+            }
         return out
 
     def check_adapter(self, port: int, targets: dict[str, Any]) -> tuple[str, dict[str, Any]]:

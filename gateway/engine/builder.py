@@ -224,6 +224,7 @@ _NO_ITEM: dict[str, Any] = {}
 
 class ResponseBuilder:
     __slots__ = (
+        "_base_cache_writes",
         "_base_usage",
         "_call_keys",
         "_error_event",
@@ -234,8 +235,10 @@ class ResponseBuilder:
         "_seq",
         "handoff",
         "hosted",
+        "cache_write_tokens",
         "resource",
         "state",
+        "stop_sequence",
     )
 
     def __init__(self, resource: dict[str, Any], *, error_event: bool = True) -> None:
@@ -255,9 +258,14 @@ class ResponseBuilder:
         self.hosted: Mapping[str, HostedFunction] = {}
         self._parked: dict[int, dict[str, Any]] = {}  # output_index → its mcp_call
         self._base_usage: dict[str, Any] | None = None  # the earlier upstream calls' (next_round)
+        self._base_cache_writes = 0
         # the model made a call the client answers (its own function, or an approval request): the
         # response ends with this upstream call, whatever hosted calls it made too
         self.handoff = False
+        # What the resource has no field for, for the ingresses that answer it (Messages):
+        # the stop sequence that ended generation, and the tokens written to a prompt cache.
+        self.stop_sequence: str | None = None
+        self.cache_write_tokens = 0
 
     # -- events -----------------------------------------------------------------------------------
     def _next(self) -> int:
@@ -365,6 +373,7 @@ class ResponseBuilder:
                 return []
             case Finish():
                 self._finish = delta.reason
+                self.stop_sequence = delta.stop_sequence
                 return []
             case ItemDone():
                 return self._close_item(OutputState.COMPLETED)
@@ -725,6 +734,7 @@ class ResponseBuilder:
         """Another upstream call of the same response begins (after hosted calls): its usage adds
         to the earlier calls', and its finish reason replaces theirs."""
         self._base_usage = self.resource.get("usage")
+        self._base_cache_writes = self.cache_write_tokens
         self._finish = None
 
     def _unpark(self) -> list[Event]:
@@ -745,6 +755,7 @@ class ResponseBuilder:
             out += base["output_tokens"]
             cached += base["input_tokens_details"]["cached_tokens"]
             reasoning += base["output_tokens_details"]["reasoning_tokens"]
+        self.cache_write_tokens = self._base_cache_writes + u.cache_write_tokens
         self.resource["usage"] = {
             "input_tokens": inp,
             "output_tokens": out,

@@ -53,7 +53,9 @@ def _param(loc: tuple[Any, ...], tags: frozenset[str] = ITEM_TAGS | PART_TAGS | 
     return "".join(out)
 
 
-def _best_error(exc: ValidationError, tags: frozenset[str] = ITEM_TAGS | PART_TAGS | TOOL_TAGS) -> tuple[str, str]:
+def _best_error(
+    exc: ValidationError, tags: frozenset[str] = ITEM_TAGS | PART_TAGS | TOOL_TAGS
+) -> tuple[str, str]:
     errors = exc.errors(include_url=False, include_context=False)
     best = max(errors, key=lambda e: len(e["loc"]))
     param = _param(tuple(best["loc"]), tags)

@@ -1,0 +1,389 @@
+"""A Messages request → the engine's own request (``CreateResponseBody``, built in Python, stateless)
+plus the fields the engine has no place for (``NativeFields``), which the anthropic adapter sends on
+unchanged and the other adapters map where they can (``stop_sequences``, ``top_k``).
+
+Blocks map to the engine's items: text → ``input_text`` / ``output_text``, image → ``input_image``
+(a data URL or the URL), document → ``input_file``, ``tool_use`` → ``function_call``,
+``tool_result`` → ``function_call_output``, ``thinking`` → a reasoning item whose summary is the
+thinking text and whose ``encrypted_content`` is the signature (``redacted_thinking``: its data,
+prefixed as the anthropic adapter reads it back), so an anthropic upstream gets them byte-exact.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, TypeVar
+
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from adapters.anthropic.request import REDACTED_PREFIX
+from adapters.base import NativeFields
+from gateway.api.messages.wire import (
+    BLOCK_TAGS,
+    CountTokensBody,
+    DocumentBlock,
+    ImageBlock,
+    Message,
+    MessagesBody,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from gateway.engine.validate import MAX_MODEL_CHARS, _depth_over
+from gateway.kernel.client_api import ClientApi
+from gateway.kernel.errors import ErrorCode, InvalidRequest
+from gateway.kernel.settings import Limits
+from gateway.kernel.spec.request import (
+    CreateResponseBody,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    FunctionTool,
+    InputFile,
+    InputImage,
+    InputText,
+    MessageItem,
+    OutputText,
+    ReasoningItem,
+    ReasoningParam,
+    SummaryText,
+    ToolChoiceFunction,
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+# The field the engine's request carries itself, never overlaid from the client's body: the
+# route names the upstream model.
+ENGINE_FIELDS = frozenset({"model"})
+_TYPE_WORDS = frozenset({"str", "int", "float", "bool", "none", "dict", "list", "is-instance"})
+# budget_tokens → the smallest reasoning effort whose budget covers it (adapters/anthropic/request.py)
+_EFFORTS = (("minimal", 1024), ("low", 2048), ("medium", 8192), ("high", 24576))
+
+
+def field_path(loc: tuple[Any, ...]) -> str:
+    """``('messages', 0, 'content', 'list[...]', 1, 'image', 'source')`` → ``messages.0.content.1.source``:
+    Anthropic's way of naming a field in its error messages."""
+    out: list[str] = []
+    prev_int = False
+    for part in loc:
+        if isinstance(part, int):
+            out.append(str(part))
+            prev_int = True
+            continue
+        name = str(part)
+        if "[" in name or "-" in name or name in _TYPE_WORDS or name[:1].isupper():
+            continue
+        if prev_int and name in BLOCK_TAGS:
+            prev_int = False
+            continue
+        out.append(name)
+        prev_int = False
+    return ".".join(out)
+
+
+def invalid(path: str, message: str, code: ErrorCode = ErrorCode.INVALID_VALUE) -> InvalidRequest:
+    return InvalidRequest(f"{path}: {message}" if path else message, param=path or None, code=code)
+
+
+def _validated(model: type[M], data: Any) -> M:
+    if not isinstance(data, dict):
+        raise InvalidRequest("The request body must be a JSON object.", code=ErrorCode.INVALID_JSON)
+    try:
+        return model.model_validate(data, strict=True)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False)
+        best = max(errors, key=lambda e: len(e["loc"]))
+        path = field_path(tuple(best["loc"]))
+        if best["type"] == "missing":
+            raise invalid(path, "Field required", ErrorCode.MISSING_REQUIRED_PARAMETER) from None
+        raise invalid(path, str(best["msg"])) from None
+
+
+def _elements(data: dict[str, Any]) -> int:
+    messages, tools = data.get("messages"), data.get("tools")
+    count = len(tools) if isinstance(tools, list) else 0
+    if isinstance(messages, list):
+        count += len(messages)
+        for msg in messages:
+            content = msg.get("content") if isinstance(msg, dict) else None
+            if isinstance(content, list):
+                count += len(content)
+    return count
+
+
+def _check_size(data: Any, limits: Limits) -> None:
+    if isinstance(data, dict) and (n := _elements(data)) > limits.max_input_elements:
+        raise InvalidRequest(
+            f"messages: the request has {n} messages, content blocks and tools; this gateway accepts "
+            f"at most {limits.max_input_elements}.",
+            param="messages",
+            code=ErrorCode.TOO_MANY_INPUT_ITEMS,
+        )
+
+
+def _check_free_json(body: CountTokensBody, limit: int) -> None:
+    """The free-form JSON a request may carry: tool schemas and tool_use inputs."""
+    for n, tool in enumerate(body.tools or ()):
+        if _depth_over(tool.input_schema, limit):
+            raise invalid(
+                f"tools.{n}.input_schema", f"nested more than {limit} levels deep", ErrorCode.NESTING_TOO_DEEP
+            )
+    for n, msg in enumerate(body.messages):
+        for k, block in enumerate(msg.content if isinstance(msg.content, list) else ()):
+            if isinstance(block, ToolUseBlock) and _depth_over(block.input, limit):
+                raise invalid(
+                    f"messages.{n}.content.{k}.input",
+                    f"nested more than {limit} levels deep",
+                    ErrorCode.NESTING_TOO_DEEP,
+                )
+
+
+def _check_model(model: str) -> None:
+    if (
+        not model
+        or len(model) > MAX_MODEL_CHARS
+        or not model.isascii()
+        or not model.isprintable()
+        or " " in model
+    ):
+        raise invalid(
+            "model", f"a model name is 1 to {MAX_MODEL_CHARS} printable ASCII characters, without spaces"
+        )
+
+
+def parse_count(data: Any, limits: Limits) -> CountTokensBody:
+    """A ``count_tokens`` body validated."""
+    _check_size(data, limits)
+    body = _validated(CountTokensBody, data)
+    _check_model(body.model)
+    _check_free_json(body, limits.max_json_depth)
+    return body
+
+
+def parse_messages(data: Any, limits: Limits) -> MessagesBody:
+    """A ``POST /v1/messages`` body validated: the element limit, the wire model, the nesting of
+    its free-form JSON, the model's name, and the rules of Anthropic's own API the engine relies on
+    (tool results answer a tool_use of the turn before; thinking's budget below max_tokens)."""
+    _check_size(data, limits)
+    body = _validated(MessagesBody, data)
+    _check_model(body.model)
+    _check_free_json(body, limits.max_json_depth)
+    thinking = body.thinking
+    if thinking is not None and thinking.type == "enabled":
+        if thinking.budget_tokens is None:
+            raise invalid(
+                "thinking.enabled.budget_tokens", "Field required", ErrorCode.MISSING_REQUIRED_PARAMETER
+            )
+        if thinking.budget_tokens >= body.max_tokens:
+            raise invalid("max_tokens", "must be greater than thinking.budget_tokens")
+    for n, tool in enumerate(body.tools or ()):
+        if tool.type not in (None, "custom"):
+            raise invalid(f"tools.{n}.type", "only client tools (custom) are supported by this gateway")
+    choice = body.tool_choice
+    if choice is not None and choice.type == "tool" and not choice.name:
+        raise invalid("tool_choice.tool.name", "Field required", ErrorCode.MISSING_REQUIRED_PARAMETER)
+    _check_tool_ids(body.messages)
+    last = len(body.messages) - 1
+    for n, msg in enumerate(body.messages):
+        if not msg.content and not (n == last and msg.role == "assistant"):
+            raise invalid(
+                f"messages.{n}",
+                "all messages must have non-empty content except for the optional final assistant message",
+            )
+    return body
+
+
+def _check_tool_ids(messages: list[Message]) -> None:
+    """Each tool_result answers a tool_use of the assistant turn before it; tool_use ids are unique."""
+    seen: set[str] = set()
+    pending: set[str] = set()
+    for n, msg in enumerate(messages):
+        blocks = msg.content if isinstance(msg.content, list) else []
+        if msg.role == "assistant":
+            pending = set()
+            for k, block in enumerate(blocks):
+                if isinstance(block, ToolUseBlock):
+                    if block.id in seen:
+                        raise invalid(
+                            f"messages.{n}.content.{k}.id",
+                            f"tool_use ids must be unique ('{block.id}')",
+                            ErrorCode.DUPLICATE_CALL_ID,
+                        )
+                    seen.add(block.id)
+                    pending.add(block.id)
+            continue
+        for k, block in enumerate(blocks):
+            if isinstance(block, ToolResultBlock) and block.tool_use_id not in pending:
+                raise invalid(
+                    f"messages.{n}.content.{k}.tool_use_id",
+                    f"unexpected `tool_use_id` found in `tool_result` blocks: {block.tool_use_id}. Each "
+                    "`tool_result` block must have a corresponding `tool_use` block in the previous message.",
+                    ErrorCode.INVALID_FUNCTION_CALL_OUTPUT,
+                )
+        pending = set()
+
+
+# -- mapping --------------------------------------------------------------------------------------
+def system_text(system: str | list[TextBlock] | None) -> str | None:
+    if system is None:
+        return None
+    text = system if isinstance(system, str) else "\n".join(b.text for b in system)
+    return text or None
+
+
+def _data_url(media_type: str, data: str) -> str:
+    return f"data:{media_type};base64,{data}"
+
+
+def _image(block: ImageBlock) -> InputImage:
+    src = block.source
+    url = src.url if src.type == "url" else _data_url(src.media_type, src.data)
+    return InputImage(type="input_image", image_url=url)
+
+
+def _document(block: DocumentBlock) -> InputFile:
+    src = block.source
+    if src.type == "url":
+        return InputFile(type="input_file", file_url=src.url, filename=block.title)
+    if src.type == "text":
+        data = base64.b64encode(src.data.encode()).decode()
+        return InputFile(
+            type="input_file", file_data=_data_url("text/plain", data), filename=block.title or "document.txt"
+        )
+    return InputFile(type="input_file", file_data=_data_url(src.media_type, src.data), filename=block.title)
+
+
+def _user_part(block: Any) -> InputText | InputImage | InputFile:
+    if isinstance(block, TextBlock):
+        return InputText(type="input_text", text=block.text)
+    if isinstance(block, ImageBlock):
+        return _image(block)
+    return _document(block)
+
+
+def _tool_output(block: ToolResultBlock) -> FunctionCallOutputItem:
+    content = block.content
+    output: str | list[Any]
+    if content is None or isinstance(content, str):
+        output = content or ""
+    else:
+        output = [_user_part(b) for b in content]
+    return FunctionCallOutputItem(type="function_call_output", call_id=block.tool_use_id, output=output)
+
+
+def _user_items(msg: Message) -> list[Any]:
+    if isinstance(msg.content, str):
+        return [MessageItem(type="message", role="user", content=msg.content)]
+    items: list[Any] = []
+    parts: list[Any] = []
+    for block in msg.content:
+        if isinstance(block, ToolResultBlock):
+            if parts:
+                items.append(MessageItem(type="message", role="user", content=parts))
+                parts = []
+            items.append(_tool_output(block))
+        elif isinstance(block, TextBlock | ImageBlock | DocumentBlock):
+            parts.append(_user_part(block))
+        else:
+            raise invalid("messages.content", f"a user message cannot carry a {block.type} block")
+    if parts:
+        items.append(MessageItem(type="message", role="user", content=parts))
+    return items
+
+
+def _assistant_items(msg: Message) -> list[Any]:
+    if isinstance(msg.content, str):
+        return [MessageItem(type="message", role="assistant", content=msg.content)] if msg.content else []
+    items: list[Any] = []
+    texts: list[Any] = []
+
+    def flush() -> None:
+        nonlocal texts
+        if texts:
+            items.append(MessageItem(type="message", role="assistant", content=texts))
+            texts = []
+
+    for block in msg.content:
+        if isinstance(block, TextBlock):
+            texts.append(OutputText(type="output_text", text=block.text))
+            continue
+        flush()
+        if isinstance(block, ToolUseBlock):
+            args = orjson.dumps(block.input).decode()
+            items.append(
+                FunctionCallItem(type="function_call", call_id=block.id, name=block.name, arguments=args)
+            )
+        elif isinstance(block, ThinkingBlock):
+            summary = [SummaryText(text=block.thinking)] if block.thinking else []
+            items.append(ReasoningItem(type="reasoning", summary=summary, encrypted_content=block.signature))
+        elif isinstance(block, RedactedThinkingBlock):
+            items.append(ReasoningItem(type="reasoning", encrypted_content=REDACTED_PREFIX + block.data))
+        else:
+            raise invalid("messages.content", f"an assistant message cannot carry a {block.type} block")
+    flush()
+    return items
+
+
+def input_items(messages: list[Message]) -> list[Any]:
+    items: list[Any] = []
+    for msg in messages:
+        items += _user_items(msg) if msg.role == "user" else _assistant_items(msg)
+    return items
+
+
+def _effort(body: MessagesBody) -> ReasoningParam | None:
+    """``thinking`` as a reasoning effort (its budget's, adapters/anthropic/request.py's table) with
+    a summary unless its display is ``omitted`` (Anthropic returns the summarized thinking)."""
+    thinking = body.thinking
+    if thinking is None:
+        return None
+    if thinking.type == "disabled":
+        return ReasoningParam(effort="none")
+    summary = None if thinking.display == "omitted" else "auto"
+    if thinking.type == "adaptive" or thinking.budget_tokens is None:
+        return ReasoningParam(effort="medium", summary=summary)
+    budget = thinking.budget_tokens
+    effort = next((name for name, top in _EFFORTS if budget <= top), "xhigh")
+    return ReasoningParam(effort=effort, summary=summary)
+
+
+def _tool_choice(body: MessagesBody) -> Any:
+    choice = body.tool_choice
+    if choice is None:
+        return None
+    if choice.type == "tool":
+        assert choice.name is not None  # parse_messages checks it
+        return ToolChoiceFunction(type="function", name=choice.name)
+    return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
+
+
+def engine_request(body: MessagesBody, raw: dict[str, Any]) -> tuple[CreateResponseBody, NativeFields]:
+    """The engine's request for ``body`` (stateless: ``store`` false, no chain, no truncation) and
+    the client's own fields for the adapters (``raw``: the body as sent, the engine's fields aside)."""
+    tools = [
+        FunctionTool(type="function", name=t.name, description=t.description, parameters=t.input_schema)
+        for t in body.tools or ()
+    ]
+    choice = body.tool_choice
+    user_id = body.metadata.user_id if body.metadata else None
+    engine = CreateResponseBody(
+        model=body.model,
+        input=input_items(body.messages),
+        instructions=system_text(body.system),
+        tools=tools or None,
+        tool_choice=_tool_choice(body),
+        parallel_tool_calls=False if choice is not None and choice.disable_parallel_tool_use else None,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        reasoning=_effort(body),
+        safety_identifier=user_id if user_id and len(user_id) <= 64 else None,
+        stream=bool(body.stream),
+        store=False,
+        truncation="disabled",
+    )
+    # set past validation: Messages' max_tokens may be below the 16 Open Responses requires
+    engine.max_output_tokens = body.max_tokens
+    native = NativeFields(ClientApi.MESSAGES, {k: v for k, v in raw.items() if k not in ENGINE_FIELDS})
+    return engine, native
