@@ -216,6 +216,7 @@ class ResponseBuilder:
         "_oi",
         "_open",
         "_seq",
+        "cache_write_tokens",
         "resource",
         "state",
     )
@@ -226,6 +227,7 @@ class ResponseBuilder:
         False emits ``response.failed`` alone (a WebSocket, whose clients end a turn at any error)."""
         self.resource = resource
         self._error_event = error_event
+        self.cache_write_tokens = 0
         self.state = ResponseState.NEW
         self._seq = 0
         self._oi = -1
@@ -574,6 +576,7 @@ class ResponseBuilder:
 
     # -- usage ------------------------------------------------------------------------------------
     def _usage(self, u: Usage) -> None:
+        self.cache_write_tokens = u.cache_write_tokens  # priced (pricing.cost), never sent
         self.resource["usage"] = {
             "input_tokens": u.input_tokens,
             "output_tokens": u.output_tokens,

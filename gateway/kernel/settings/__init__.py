@@ -12,6 +12,7 @@ from gateway.kernel.settings.models import (
     ApiKey,
     AuthSettings,
     Budget,
+    BudgetWindow,
     CompactionSettings,
     Deployment,
     KeyLimits,
@@ -20,6 +21,8 @@ from gateway.kernel.settings.models import (
     LogSettings,
     MetricsSettings,
     ModelRoute,
+    Money,
+    Price,
     ProviderKind,
     ProviderSettings,
     RetrySettings,
@@ -31,6 +34,7 @@ from gateway.kernel.settings.models import (
     TenantSettings,
     Timeouts,
     TracingSettings,
+    micros,
 )
 
 __all__ = [
@@ -42,6 +46,7 @@ __all__ = [
     "ApiKey",
     "AuthSettings",
     "Budget",
+    "BudgetWindow",
     "CompactionSettings",
     "ConfigError",
     "Deployment",
@@ -51,6 +56,8 @@ __all__ = [
     "LogSettings",
     "MetricsSettings",
     "ModelRoute",
+    "Money",
+    "Price",
     "ProviderKind",
     "ProviderSettings",
     "RetrySettings",
@@ -66,4 +73,5 @@ __all__ = [
     "is_loopback",
     "listener_warnings",
     "load_settings",
+    "micros",
 ]
