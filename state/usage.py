@@ -1,9 +1,9 @@
 """The usage ledger: counters per tenant, UTC day, key name and model; never any content.
 
 Each row counts ``METRICS``: requests, errors, input and output tokens, the cached (a part of
-input) and reasoning (a part of output) tokens, and the cost in micro-units of the currency. ``MemoryLedger`` keeps them in process, bounded
-(the oldest days go first); ``RedisLedger`` (``state/redis_usage.py``) keeps one hash per tenant
-and day.
+input) and reasoning (a part of output) tokens, and the cost in micro-units of the currency.
+``MemoryLedger`` keeps them in process, bounded (the oldest days go first); ``RedisLedger``
+(``state/redis_usage.py``) keeps one hash per tenant and day.
 """
 
 from __future__ import annotations

@@ -54,7 +54,9 @@ class Authenticator:
             budget: Budget | None = None,
         ) -> Principal:
             t = tenants.get(tenant)
-            return Principal(tenant, allowed_models(models, t.models if t else None), key_name, limits, budget)
+            return Principal(
+                tenant, allowed_models(models, t.models if t else None), key_name, limits, budget
+            )
 
         self.anonymous = principal("default", None, None)
         # the settings refuse a key given twice, so no entry here overwrites another

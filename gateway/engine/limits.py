@@ -4,19 +4,21 @@ call and its settlement at the end of the turn, the refusals and the figures of 
 
 A key's limits (``auth.api_keys[].limits``) and its tenant's (``tenants.<name>.limits``) both apply,
 so the stricter wins; so do a key's budget (``auth.api_keys[].budget``) and its tenant's. A budget
-counts tokens, money (micro-units of the currency, at the model's prices: ``gateway/kernel/
-pricing.py``), or both, per UTC day, month, run of ``seconds``, or one ``start``–``end`` window
-(outside which it admits nothing that costs anything). The counters live in ``state/limits/`` (in process,
-or in Redis when ``state.redis_url`` is set, shared by every replica).
+counts tokens, money (micro-units of the currency, at the model's prices:
+``gateway/kernel/pricing.py``), or both, per UTC day, month, run of ``seconds``, or one
+``start``–``end`` window (outside which it admits nothing that costs anything). The counters live
+in ``state/limits/`` (in process, or in Redis when ``state.redis_url`` is set, shared by every
+replica).
 
 Tokens are reserved, then settled: ``Gateway.prepare`` reserves the estimated input tokens
 (``gateway/kernel/estimate.py``) plus ``max_output_tokens`` (or ``limits.output_token_reservation``,
 4096 by default) against the tokens-per-minute limits and the budgets, and the worst case of their
-cost at the model's prices (``pricing.worst_case``) against the budgets in money, in the same atomic admission
-as the request count and the concurrency lease, so concurrent requests (on any replica) can never
-together pass a limit. The end-of-turn hook settles the charge to the real usage (input + output;
-without usage, the estimate of what was produced) and its cost (``pricing.cost``, the ledger's figure) and releases the lease; against Redis that
-round trip runs beside the response rather than before it. A compacting request is admitted before
+cost at the model's prices (``pricing.worst_case``) against the budgets in money, in the same
+atomic admission as the request count and the concurrency lease, so concurrent requests (on any
+replica) can never together pass a limit. The end-of-turn hook settles the charge to the real
+usage (input + output; without usage, the estimate of what was produced) and its cost
+(``pricing.cost``, the ledger's figure) and releases the lease; against Redis that round trip runs
+beside the response rather than before it. A compacting request is admitted before
 its summarizing call, which then charges only its own tokens.
 
 No charge without an outcome: an admission this process never learns the outcome of (the request
@@ -177,7 +179,9 @@ class TenantLimiter:
             (tenant.budget, "", tenant_label),
         ):
             if budget is not None:
-                until = min(until, self._budget_checks(principal.tenant, budget, prefix, label, checks, labels))
+                until = min(
+                    until, self._budget_checks(principal.tenant, budget, prefix, label, checks, labels)
+                )
         return checks, labels, until
 
     def _budget_checks(
@@ -444,7 +448,9 @@ def _refusal(
             when = f"it opens in {reset_text(check.extra)}" if renews else "it has ended"
             msg = f"The {label} is not open: {when}."
         elif never:
-            asked = f"worst-case cost {pricing.text(cost)} {currency}" if money else f"estimated {tokens} tokens"
+            asked = (
+                f"worst-case cost {pricing.text(cost)} {currency}" if money else f"estimated {tokens} tokens"
+            )
             msg = f"This request's {asked} exceed the {label}; send less input or a lower max_output_tokens."
         else:
             what = "Budget" if money else "Token budget"

@@ -36,6 +36,7 @@ from gateway.engine.telemetry import NOOP_OBSERVER, NOOP_TRACER, Observer, Trace
 from gateway.engine.turn import Turn, TurnResult, Warmup
 from gateway.engine.upstream import upstream_request
 from gateway.engine.usage import Meter
+from gateway.kernel import pricing
 from gateway.kernel.errors import (
     ContextLengthExceeded,
     ErrorCode,
@@ -46,7 +47,6 @@ from gateway.kernel.errors import (
     ServiceUnavailable,
     UpstreamError,
 )
-from gateway.kernel import pricing
 from gateway.kernel.estimate import estimate, estimate_bytes, estimate_text
 from gateway.kernel.ids import response_id
 from gateway.kernel.pricing import FREE, ModelPrice, price_table
@@ -186,6 +186,11 @@ class Gateway:
         """Whether the tenant's conversations may be stored (``retention: standard``)."""
         t = self.settings.tenants.get(tenant)
         return t is None or t.retention != "none"
+
+    def shows_cost(self, tenant: str) -> bool:
+        """Whether the tenant's JSON answers carry ``x-gateway-cost`` (``cost_header``)."""
+        t = self.settings.tenants.get(tenant)
+        return t is not None and t.cost_header
 
     def tenants(self) -> list[str]:
         """Every tenant the config names (a key's, a ``tenants:`` entry, ``default`` without keys)."""

@@ -20,7 +20,6 @@ from state.limits.base import (
     keep_ms,
 )
 
-
 _BUDGETS = (CheckKind.BUDGET, CheckKind.MONEY)
 
 

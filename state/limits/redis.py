@@ -128,7 +128,8 @@ return out
 
 # KEYS[1]: the admission's record; then the checks. ARGV[1] the reservation id, ARGV[2] 's'
 # (settle: ARGV[3] the token delta, ARGV[4] the cost delta) or 'x' (release: ARGV[3] the tokens,
-# ARGV[4] the cost charged), ARGV[4 + i] the kind of check i. Only a recorded admission is corrected; a release leaves a tombstone either way.
+# ARGV[4] the cost charged), ARGV[4 + i] the kind of check i. Only a recorded admission is
+# corrected; a release leaves a tombstone either way.
 _SETTLE = (
     """
 local rec, rid, mode, amount, cost = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])

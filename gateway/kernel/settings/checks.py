@@ -214,7 +214,7 @@ def http_url(value: str | None) -> str | None:
 def money_problem(value: Decimal) -> str | None:
     """An amount of money: finite, not negative, at most 6 decimals (micro-units)."""
     if not value.is_finite():
-        return "must be a finite amount such as \"2.50\""
+        return 'must be a finite amount such as "2.50"'
     if value < 0:
         return "must not be negative"
     if value >= 10**12:

@@ -15,7 +15,16 @@ from decimal import Decimal
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gateway.kernel.settings import checks
@@ -88,7 +97,7 @@ def _money(value: Any) -> Any:
     """An amount of money as written: a string or an integer (a YAML float is read back through
     its shortest repr, e.g. 0.15 -> "0.15", never used as a float)."""
     if isinstance(value, bool):
-        raise invalid("an amount must be a number such as \"2.50\", not a boolean")
+        raise invalid('an amount must be a number such as "2.50", not a boolean')
     if isinstance(value, float):
         return repr(value)
     return value
