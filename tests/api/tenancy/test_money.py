@@ -22,6 +22,7 @@ import pytest
 from gateway.kernel import pricing
 from gateway.kernel.settings import Settings
 from tests.api.helpers import ROOT, parse_sse, serve_cli, wait_until_up
+from tests.fakes.anthropic import FakeAnthropic, PromptCache
 from tests.fakes.openai_chat import FakeOpenAIChat, Reply, usage_chunk
 from tests.harness import free_port
 from tests.redis_server import delete_prefix, redis_url, unique_prefix
@@ -285,3 +286,43 @@ def test_check_config_flags_unpriced_models_when_money_budgets_apply(tmp_path: P
     assert "providers.up.pass_through" in run.stderr
     # without a budget in money, nothing to flag
     assert Settings(**{**cfg, "tenants": {}}).unpriced() == []
+
+
+async def test_cache_writes_are_priced_apart() -> None:
+    """Anthropic's cache writes are part of input_tokens, which the Responses usage does not name:
+    priced at ``cache_write`` all the same (the fake's own prompt-cache accounting, replayed)."""
+    price = {"input": "1", "cached_input": "0.1", "cache_write": "1.25", "output": "5"}
+    async with FakeAnthropic.serve() as fake:
+        cfg = {
+            "providers": {"an": {"kind": "anthropic", "base_url": fake.base_url, "api_key": "sk-up"}},
+            "models": {"claude": {"provider": "an", "upstream_model": "claude-x", "price": price}},
+            "tenants": {"default": {"cost_header": True}},
+        }
+        with serve(cfg) as gw:
+            async with httpx.AsyncClient(base_url=gw.base_url, timeout=20) as c:
+                answers, previous = [], None
+                for text in ("first question", "second question", "third question"):
+                    body = {"model": "claude", "input": text, "previous_response_id": previous}
+                    r = await c.post("/v1/responses", json={**body, "instructions": "Be careful. " * 50})
+                    assert r.status_code == 200, r.text
+                    answers.append(r)
+                    previous = r.json()["id"]
+                report = (await c.get("/v1/usage")).json()
+        replay = PromptCache()
+        p = {k: Decimal(v) for k, v in price.items()}
+        total = 0
+        for r, rec in zip(answers, fake.requests, strict=True):
+            accounted = replay.account(rec.body)
+            assert accounted is not None
+            uncached, read, written = accounted
+            u = r.json()["usage"]
+            assert u["input_tokens"] == uncached + read + written
+            assert u["input_tokens_details"]["cached_tokens"] == read
+            exact = uncached * p["input"] + read * p["cached_input"] + written * p["cache_write"]
+            exact += u["output_tokens"] * p["output"]
+            micros = int(exact.to_integral_value(rounding=ROUND_FLOOR))  # per million: micro-units
+            assert r.headers["x-gateway-cost"] == pricing.text(micros)
+            total += micros
+        first = PromptCache().account(fake.requests[0].body)
+        assert first is not None and first[2] > 0  # the first turn wrote the cache
+        assert report["totals"]["cost_micros"] == total
