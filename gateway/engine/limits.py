@@ -55,7 +55,7 @@ from gateway.engine.telemetry import NOOP_OBSERVER, Observer
 from gateway.kernel import pricing
 from gateway.kernel.errors import QuotaExceeded, RateLimited, RateStanding, RateWindow, ServiceUnavailable
 from gateway.kernel.ids import new_id
-from gateway.kernel.settings import Budget, BudgetWindow, Settings, TenantSettings, micros
+from gateway.kernel.settings import Budget, BudgetWindow, KeyLimits, Settings, TenantSettings, micros
 from state.limits.base import WINDOWED, Check, CheckKind, Limiter, Outcome
 from state.redis_lean import NotSent
 
@@ -129,7 +129,11 @@ class TenantLimiter:
         self._clock = clock or time.time
         self.errors = 0  # limiter calls that failed (shown on /metrics)
         self._pending: set[asyncio.Task[None]] = set()
-        self._cache: dict[tuple[str, str | None], tuple[list[Check], list[str], float]] = {}
+        # (tenant, key name) → its checks, labels, until when, and the key's limits and budget
+        self._cache: dict[
+            tuple[str, str | None],
+            tuple[list[Check], list[str], float, KeyLimits | None, Budget | None],
+        ] = {}
         self.currency = settings.currency
         # (tenant, a budget check's name) → its period, for the refusal's "renews in"
         self._periods: dict[tuple[str, str], Period] = {}
@@ -142,15 +146,21 @@ class TenantLimiter:
     # -- which limits ----------------------------------------------------------------------------
     def checks(self, principal: Principal) -> tuple[list[Check], list[str]]:
         """The counters a request of ``principal`` is admitted against, and what each one is (for
-        the refusal's message); cached per key until the budget's period ends."""
+        the refusal's message); cached per key until the budget's period ends, or until the key
+        comes with other limits or another budget (a key changed without a reload)."""
         ck = (principal.tenant, principal.key_name)  # a name names one key of a tenant (settings)
         hit = self._cache.get(ck)
-        if hit is not None and self._clock() < hit[2]:
+        if (
+            hit is not None
+            and self._clock() < hit[2]
+            and hit[3] is principal.limits
+            and hit[4] is principal.budget
+        ):
             return hit[0], hit[1]
         checks, labels, until = self._checks(principal)
         if len(self._cache) >= 10_000:
             self._cache.clear()
-        self._cache[ck] = (checks, labels, until)
+        self._cache[ck] = (checks, labels, until, principal.limits, principal.budget)
         return checks, labels
 
     def _checks(self, principal: Principal) -> tuple[list[Check], list[str], float]:

@@ -136,3 +136,18 @@ async def test_token_budgets_keep_working_beside_money(limiter: Limiter) -> None
     await lim.settle_soon(held, 50, 10)
     assert await lim.reserve(who, checks, labels, 20, seconds=10, cost=10) is not None
     await lim.aclose()
+
+
+async def test_a_key_that_comes_with_another_budget_is_checked_against_it(limiter: Limiter) -> None:
+    """A key changed without a reload (a virtual key's PATCH): the cached checks are not reused."""
+    clock = Clock()
+    lim = policy(limiter, clock)
+    before = Principal("t", key_name="k1", budget=Budget(amount="1.00"))
+    await spend(lim, before, 900_000)
+    after = Principal("t", key_name="k1", budget=Budget(amount="0.50"))
+    checks, labels = lim.checks(after)
+    with pytest.raises(QuotaExceeded) as info:
+        await lim.reserve(after, checks, labels, 0, seconds=10, cost=1)
+    assert "this API key (k1): 0.50 USD" in info.value.message
+    assert lim.checks(Principal("t", key_name="k1")) == ([], [])  # no budget any more
+    await lim.aclose()
