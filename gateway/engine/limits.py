@@ -201,6 +201,8 @@ class TenantLimiter:
         ends, or a window opens)."""
         name, left_ms, open_ = self._period(budget.period)
         per = _period_text(budget.period)
+        if len(self._periods) >= 10_000:
+            self._periods.clear()
         # extra: the counter's lifetime (at least the rest of the period)
         for kind, counter, limit, what in (
             (CheckKind.BUDGET, "budget", budget.tokens, f"token budget {per} of {label}: {budget.tokens}"),
@@ -216,8 +218,6 @@ class TenantLimiter:
                 checks.append(check)
                 labels.append(what)
                 self._periods[(tenant, check.name)] = budget.period
-        if len(self._periods) >= 10_000:
-            self._periods.clear()
         return self._clock() + left_ms / 1000 if left_ms < _FOREVER_MS else math.inf
 
     def _period(self, period: Period) -> tuple[str, int, bool]:
@@ -312,12 +312,12 @@ class TenantLimiter:
 
     async def settle_soon(self, res: Reservation, actual: int, actual_cost: int = 0) -> None:
         """Correct the charge to ``actual`` tokens and ``actual_cost`` micro-units and release the
-        lease, once. When the limiter is
-        remote the response does not wait for the round trip (a settlement only lowers a charge or
-        releases a lease, so the next request seeing it a moment late is refused at worst, never
-        admitted wrongly), and a settlement that fails is sent again while the limiter is down (a
-        settlement applies at most once: ``state/limits/base.py``). Safe to call from a cancelled task:
-        it never waits on the network."""
+        lease, once. When the limiter is remote the response does not wait for the round trip (a
+        settlement only lowers a charge or releases a lease, so the next request seeing it a moment
+        late is refused at worst, never admitted wrongly), and a settlement that fails is sent
+        again while the limiter is down (a settlement applies at most once:
+        ``state/limits/base.py``). Safe to call from a cancelled task: it never waits on the
+        network."""
         if res.settled:
             return
         res.settled = True
@@ -459,9 +459,11 @@ def _refusal(
             msg = f"The {label} is not open: {when}."
         elif never:
             asked = (
-                f"worst-case cost {pricing.text(cost)} {currency}" if money else f"estimated {tokens} tokens"
+                f"worst-case cost of {pricing.text(cost)} {currency} exceeds"
+                if money
+                else f"estimated {tokens} tokens exceed"
             )
-            msg = f"This request's {asked} exceed the {label}; send less input or a lower max_output_tokens."
+            msg = f"This request's {asked} the {label}; send less input or a lower max_output_tokens."
         else:
             what = "Budget" if money else "Token budget"
             msg = f"{what} exhausted: {label}; it renews in {reset_text(check.extra)}."
