@@ -99,7 +99,7 @@ async def test_a_key_budget_and_its_tenants_both_apply(limiter: Limiter) -> None
     # a worst case above the whole budget is refused as such
     with pytest.raises(QuotaExceeded) as info:
         await lim.reserve(two, checks, labels, 0, seconds=10, cost=2_000_001)
-    assert "worst-case cost of 2.000001 USD exceeds the budget per day" in info.value.message
+    assert "worst-case cost of 2.000001 USD exceeds the budget per month" in info.value.message
     await lim.aclose()
 
 
