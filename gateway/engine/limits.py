@@ -111,6 +111,20 @@ class Reservation:
     settled: bool = False
 
 
+@dataclass(slots=True, frozen=True)
+class BudgetUse:
+    """One budget as it stands (``TenantLimiter.budget_use``). ``unit``: tokens, or micros
+    (micro-units of the currency); ``limit`` 0: a start–end window that is not open;
+    ``resets_in_ms`` None: a window that has ended."""
+
+    scope: str  # key | tenant
+    unit: str  # tokens | micros
+    limit: int
+    used: int
+    label: str  # as a refusal names it
+    resets_in_ms: int | None
+
+
 class TenantLimiter:
     def __init__(
         self,
@@ -388,6 +402,32 @@ class TenantLimiter:
         check = Check(CheckKind.CONCURRENCY, "ws", limit)
         label = f"open WebSocket connections of tenant '{principal.tenant}': {limit}"
         return await self.reserve(principal, [check], [label], 0, seconds=self.socket_seconds)
+
+    # -- reading -----------------------------------------------------------------------------------
+    async def budget_use(self, principal: Principal) -> list[BudgetUse]:
+        """Every budget a request of ``principal`` is checked against (its key's, its tenant's; a
+        ``Principal(tenant)`` without a key: the tenant's alone), as it stands now: read by an
+        admission that charges nothing (and is settled at once), so it is the same counter on
+        every replica. Raises ServiceUnavailable when the limiter cannot answer."""
+        checks, labels = self.checks(principal)
+        kept = [n for n, c in enumerate(checks) if c.kind in _BUDGETS]
+        if not kept:
+            return []
+        budgets = [checks[n] for n in kept]
+        rid = new_id("lim")
+        out = await self.limiter.admit(principal.tenant, budgets, rid, 0, int(LEASE_MARGIN_SECONDS * 1000), 0)
+        await self.limiter.settle(principal.tenant, budgets, rid, 0, 0)
+        return [
+            BudgetUse(
+                scope="key" if c.name.startswith("k:") else "tenant",
+                unit="micros" if c.kind is CheckKind.MONEY else "tokens",
+                limit=c.limit,
+                used=used,
+                label=labels[n],
+                resets_in_ms=c.extra if c.extra < _FOREVER_MS else None,
+            )
+            for n, c, used in zip(kept, budgets, out.used, strict=True)
+        ]
 
     # -- outages ---------------------------------------------------------------------------------
     def _failed(self) -> None:

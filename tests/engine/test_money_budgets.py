@@ -151,3 +151,26 @@ async def test_a_key_that_comes_with_another_budget_is_checked_against_it(limite
     assert "this API key (k1): 0.50 USD" in info.value.message
     assert lim.checks(Principal("t", key_name="k1")) == ([], [])  # no budget any more
     await lim.aclose()
+
+
+async def test_budget_use_reads_every_budget_without_charging(limiter: Limiter) -> None:
+    clock = Clock()
+    lim = policy(limiter, clock, budget={"amount": "2.00", "tokens": 5000, "period": "month"})
+    who = Principal("t", key_name="k1", budget=Budget(amount="1.50", period={"seconds": 3600}))
+    checks, labels = lim.checks(who)
+    held = await lim.reserve(who, checks, labels, 300, seconds=10, cost=400_000)
+    assert held is not None
+    for _ in range(2):  # reading charges nothing
+        use = await lim.budget_use(who)
+        assert [(u.scope, u.unit, u.limit, u.used) for u in use] == [
+            ("key", "micros", 1_500_000, 400_000),
+            ("tenant", "tokens", 5000, 300),
+            ("tenant", "micros", 2_000_000, 400_000),
+        ]
+    assert use[0].label == "budget per 3600 s of this API key (k1): 1.50 USD"
+    assert use[0].resets_in_ms == 3_600_000  # the clock is on the hour
+    await lim.settle_soon(held, 100, 123_456)
+    tenant_only = await lim.budget_use(Principal("t"))
+    assert [(u.scope, u.used) for u in tenant_only] == [("tenant", 100), ("tenant", 123_456)]
+    assert await lim.budget_use(Principal("other")) == []
+    await lim.aclose()
