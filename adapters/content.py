@@ -20,7 +20,7 @@ __all__ = [
     "LOGPROBS_INCLUDE",
     "arguments_object",
     "assistant_texts",
-    "chat_stop",
+    "native_stop",
     "parse_data_url",
     "unsupported_content",
 ]
@@ -64,13 +64,14 @@ def assistant_texts(content: Any) -> Iterator[str]:
             yield text
 
 
-def chat_stop(req: UpstreamRequest) -> list[str]:
-    """A Chat Completions client's ``stop`` (a string or up to four), as a list: what the adapters
-    of other APIs send as their stop sequences (empty: none, or another client API)."""
+def native_stop(req: UpstreamRequest) -> list[str]:
+    """The stop sequences of a Chat Completions client (``stop``: a string or up to four) or a
+    Messages client (``stop_sequences``), as a list: what the adapters of other APIs send as their
+    own (empty: none, or an Open Responses request)."""
     native = req.native
-    if native is None or native.api is not ClientApi.CHAT:
+    if native is None or native.api is ClientApi.RESPONSES:
         return []
-    stop = native.fields.get("stop")
+    stop = native.fields.get("stop" if native.api is ClientApi.CHAT else "stop_sequences")
     if isinstance(stop, str):
         return [stop] if stop else []
     return [s for s in stop if isinstance(s, str) and s] if isinstance(stop, list) else []

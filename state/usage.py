@@ -1,9 +1,9 @@
 """The usage ledger: counters per tenant, UTC day, key name and model; never any content.
 
-Each row counts ``METRICS``: requests, errors, input and output tokens, and the cached (a part of
-input) and reasoning (a part of output) tokens. ``MemoryLedger`` keeps them in process, bounded
-(the oldest days go first); ``RedisLedger`` (``state/redis_usage.py``) keeps one hash per tenant
-and day.
+Each row counts ``METRICS``: requests, errors, input and output tokens, the cached (a part of
+input) and reasoning (a part of output) tokens, and the cost in micro-units of the currency.
+``MemoryLedger`` keeps them in process, bounded (the oldest days go first); ``RedisLedger``
+(``state/redis_usage.py``) keeps one hash per tenant and day.
 """
 
 from __future__ import annotations
@@ -12,7 +12,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-METRICS = ("requests", "errors", "input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens")
+# cost_micros: the turns' cost, integer micro-units of the configured currency (gateway/kernel/pricing.py)
+METRICS = (
+    "requests",
+    "errors",
+    "input_tokens",
+    "output_tokens",
+    "cached_tokens",
+    "reasoning_tokens",
+    "cost_micros",
+)
 RETENTION_DAYS = 400  # how long a day's counters are kept
 
 

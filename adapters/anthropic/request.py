@@ -29,7 +29,13 @@ from adapters.anthropic.wire import (
     ToolUseBlock,
 )
 from adapters.base import UpstreamRequest
-from adapters.content import arguments_object, assistant_texts, chat_stop, parse_data_url, unsupported_content
+from adapters.content import (
+    arguments_object,
+    assistant_texts,
+    native_stop,
+    parse_data_url,
+    unsupported_content,
+)
 from adapters.tools import function_tools
 from gateway.kernel.client_api import ClientApi
 from gateway.kernel.errors import ErrorCode, UpstreamRejected
@@ -81,7 +87,7 @@ def build_body(
         body["top_p"] = sent["top_p"]
     if req.safety_identifier:
         body["metadata"] = {"user_id": req.safety_identifier}
-    stop = chat_stop(req)
+    stop = native_stop(req)
     if stop:
         body["stop_sequences"] = stop
     if req.stream:

@@ -18,7 +18,7 @@ from adapters.content import (
     LOGPROBS_INCLUDE,
     arguments_object,
     assistant_texts,
-    chat_stop,
+    native_stop,
     parse_data_url,
     unsupported_content,
 )
@@ -87,8 +87,6 @@ def build_body(req: UpstreamRequest) -> GeminiRequest:
     generation = _generation_config(req)
     native = req.native
     if native is not None and native.api is ClientApi.MESSAGES:  # what Gemini expresses of a Messages request
-        if native.fields.get("stop_sequences"):
-            generation["stopSequences"] = native.fields["stop_sequences"]  # type: ignore[typeddict-unknown-key]
         if isinstance(native.fields.get("top_k"), int):
             generation["topK"] = native.fields["top_k"]  # type: ignore[typeddict-unknown-key]
     if generation:
@@ -121,7 +119,7 @@ def _generation_config(req: UpstreamRequest) -> GeminiGenerationConfig:
         out["responseLogprobs"] = True
         if req.top_logprobs:
             out["logprobs"] = req.top_logprobs
-    stop = chat_stop(req)
+    stop = native_stop(req)
     if stop:
         out["stopSequences"] = stop
     seed = (

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Literal, cast, get_args
 
 from adapters.base import UpstreamRequest
-from adapters.content import DEFAULT_ONE, LOGPROBS_INCLUDE, unsupported_content
+from adapters.content import DEFAULT_ONE, LOGPROBS_INCLUDE, native_stop, unsupported_content
 from adapters.openai_chat.wire import (
     ChatContentPart,
     ChatFile,
@@ -87,9 +87,9 @@ def build_body(req: UpstreamRequest, *, send_defaults: bool = True) -> ChatReque
     if req.stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
-    native = req.native
-    if native is not None and native.api is ClientApi.MESSAGES and native.fields.get("stop_sequences"):
-        body["stop"] = native.fields["stop_sequences"]  # type: ignore[typeddict-unknown-key]
+    stop = native_stop(req)  # a Messages client's stop_sequences
+    if stop:
+        body["stop"] = stop  # type: ignore[typeddict-unknown-key]
     return body
 
 

@@ -22,7 +22,9 @@ from gateway.api.inflight import InFlight
 from gateway.api.stall import StallWatch
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.turn import Turn
+from gateway.engine.usage import Meter
 from gateway.engine.validate import create_request
+from gateway.kernel import pricing
 from gateway.kernel.errors import GatewayError
 
 _SSE_HEADERS = background.SSE_HEADERS
@@ -82,7 +84,8 @@ async def _respond(
                     stalls.discard(watch)
             else:
                 # sent once the upstream call is over: a client that does not read it pins nothing
-                await _send_json(turn, extra, send)
+                cost = gw.meter if gw.shows_cost(principal.tenant) else None
+                await _send_json(turn, extra, send, cost)
         except GatewayError as err:  # before the first event: an ordinary error response
             await error_response(err, headers)(scope, receive, send)
         finally:
@@ -112,13 +115,19 @@ async def _stream_sse(
     await writer.end(SSE_DONE)
 
 
-async def _send_json(turn: Turn, extra: list[tuple[bytes, bytes]], send: Send) -> None:
-    """Run the same turn without relaying events; answer the final resource (or its error)."""
+async def _send_json(
+    turn: Turn, extra: list[tuple[bytes, bytes]], send: Send, cost: Meter | None = None
+) -> None:
+    """Run the same turn without relaying events; answer the final resource (or its error).
+    ``cost``: the tenant shows its turns' cost (``tenants.<name>.cost_header``): the answer
+    carries ``x-gateway-cost``, the ledger's figure for this turn in the configured currency."""
     result = await turn.run()
     err = result.error
     if err is not None:
         status, payload = err.status, json_bytes(err.http_body())
     else:
         status, payload = 200, json_bytes(result.resource)
+    if cost is not None:
+        extra = [*extra, (b"x-gateway-cost", pricing.text(cost.cost(result.route.model, result)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": _JSON_HEADERS + extra})
     await send({"type": "http.response.body", "body": payload})

@@ -9,7 +9,7 @@ import hmac
 from dataclasses import dataclass
 
 from gateway.kernel.errors import AuthenticationFailed, PermissionDenied
-from gateway.kernel.settings import KeyLimits, Settings
+from gateway.kernel.settings import Budget, KeyLimits, Settings
 
 
 @dataclass(slots=True, frozen=True)
@@ -20,6 +20,7 @@ class Principal:
     # same for a key configured plain or as a digest), never the key. None: auth is off.
     key_name: str | None = None
     limits: KeyLimits | None = None  # the key's own limits (gateway/engine/limits.py)
+    budget: Budget | None = None  # the key's own budget (its tenant's applies too)
 
 
 ANONYMOUS = Principal(tenant="default")
@@ -46,10 +47,16 @@ class Authenticator:
         tenants = settings.tenants
 
         def principal(
-            tenant: str, models: list[str] | None, key_name: str | None, limits: KeyLimits | None = None
+            tenant: str,
+            models: list[str] | None,
+            key_name: str | None,
+            limits: KeyLimits | None = None,
+            budget: Budget | None = None,
         ) -> Principal:
             t = tenants.get(tenant)
-            return Principal(tenant, allowed_models(models, t.models if t else None), key_name, limits)
+            return Principal(
+                tenant, allowed_models(models, t.models if t else None), key_name, limits, budget
+            )
 
         self.anonymous = principal("default", None, None)
         # the settings refuse a key given twice, so no entry here overwrites another
@@ -57,7 +64,7 @@ class Authenticator:
         for k in settings.auth.api_keys or ():
             digest = k.digest()
             name = k.name or f"sha256:{digest.hex()[:12]}"
-            self._by_digest[digest] = principal(k.tenant, k.models, name, k.limits)
+            self._by_digest[digest] = principal(k.tenant, k.models, name, k.limits, k.budget)
         for a in settings.admin.api_keys:
             self._by_digest[a.digest()] = Admin(a.name)
 

@@ -38,6 +38,7 @@ from gateway.engine.telemetry import NOOP_OBSERVER, NOOP_TRACER, Observer, Trace
 from gateway.engine.turn import Turn, TurnResult, Warmup
 from gateway.engine.upstream import upstream_request
 from gateway.engine.usage import Meter
+from gateway.kernel import pricing
 from gateway.kernel.errors import (
     ContextLengthExceeded,
     ErrorCode,
@@ -50,6 +51,7 @@ from gateway.kernel.errors import (
 )
 from gateway.kernel.estimate import estimate, estimate_bytes, estimate_text
 from gateway.kernel.ids import response_id
+from gateway.kernel.pricing import FREE, ModelPrice, price_table
 from gateway.kernel.settings import Settings
 from gateway.kernel.spec.request import CreateResponseBody, FunctionTool, McpTool
 from state.background import BackgroundLog, MemoryBackgroundLog
@@ -75,6 +77,10 @@ def ended(result: TurnResult) -> None:
     err = result.error
     if res["status"] == "failed" and res.get("error") is None:
         res["error"] = (err or ServerError("The response ended before it was generated.")).response_error()
+
+
+# what a request's tokens are charged against (its request count and lease are apart)
+_SPEND = (CheckKind.TOKENS, CheckKind.BUDGET, CheckKind.MONEY)
 
 
 def _only(checks: list[Check], labels: list[str], *kinds: CheckKind) -> tuple[list[Check], list[str]]:
@@ -172,7 +178,8 @@ class Gateway:
         self.raw_store = store  # unobserved: what a reload's successor wraps again
         self.store: ResponseStore = ObservedStore(store, observer, tracer)
         self.auth = Authenticator(settings)
-        self.meter = Meter(ledger or MemoryLedger())
+        self.prices = price_table(settings)  # micro-units per million tokens, by model name
+        self.meter = Meter(ledger or MemoryLedger(), self.prices, observer, settings.currency)
         self.open_compaction = open_compaction
         self.fit_context = fit_context
         self.compact_context = compact_context
@@ -186,6 +193,11 @@ class Gateway:
         """Whether the tenant's conversations may be stored (``retention: standard``)."""
         t = self.settings.tenants.get(tenant)
         return t is None or t.retention != "none"
+
+    def shows_cost(self, tenant: str) -> bool:
+        """Whether the tenant's JSON answers carry ``x-gateway-cost`` (``cost_header``)."""
+        t = self.settings.tenants.get(tenant)
+        return t is not None and t.cost_header
 
     def tenants(self) -> list[str]:
         """Every tenant the config names (a key's, a ``tenants:`` entry, ``default`` without keys)."""
@@ -293,12 +305,13 @@ class Gateway:
         # estimate of the compacted context): a refused request spends no summary.
         checks, labels = self.limits.checks(principal)
         if background:  # its concurrency slot is taken apart: past the limit it waits, queued
-            checks, labels = _only(checks, labels, CheckKind.REQUESTS, CheckKind.TOKENS, CheckKind.BUDGET)
+            checks, labels = _only(checks, labels, *_SPEND, CheckKind.REQUESTS)
         if warmup:  # it spends no tokens: only the request-rate and concurrency limits apply
             checks, labels = _only(checks, labels, CheckKind.REQUESTS, CheckKind.CONCURRENCY)
         elif admitted:  # its request is counted and holds the lease: only its tokens are charged
-            checks, labels = _only(checks, labels, CheckKind.TOKENS, CheckKind.BUDGET)
+            checks, labels = _only(checks, labels, *_SPEND)
         wants_tokens = self.limits.wants_tokens(checks)
+        price = self.prices.get(route.model, FREE) if self.limits.wants_money(checks) else FREE
         held: Reservation | None = None
         charged = False
 
@@ -309,8 +322,9 @@ class Gateway:
             charged = True
             output = body.max_output_tokens or self.limits.output_reservation
             charge = estimated + output if wants_tokens else 0
+            cost = pricing.worst_case(price, estimated, output)  # FREE without a money budget: 0
             seconds = route.total_seconds * calls
-            held = await self.limits.reserve(principal, checks, labels, charge, seconds=seconds)
+            held = await self.limits.reserve(principal, checks, labels, charge, seconds=seconds, cost=cost)
 
         try:
             compaction: dict[str, Any] | None = None
@@ -360,7 +374,7 @@ class Gateway:
             raise
         if held is not None:
             turn.rate_standing = held.standing
-            turn.on_end(self._settle_hook(held, estimated))  # runs whatever the other hooks do
+            turn.on_end(self._settle_hook(held, estimated, price))  # runs whatever the other hooks do
         if background:
             await self._publish(turn, principal, body, behind)
         return turn
@@ -496,16 +510,23 @@ class Gateway:
             stored_at=time.time(),
         )
 
-    def _settle_hook(self, held: Reservation, estimated: int) -> Callable[[TurnResult], Awaitable[None]]:
+    def _settle_hook(
+        self, held: Reservation, estimated: int, price: ModelPrice
+    ) -> Callable[[TurnResult], Awaitable[None]]:
         async def settle(result: TurnResult) -> None:
             usage = result.usage
             if usage:
                 actual = int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
+                # the ledger's figure (usage.py Meter): what the client was told it used
+                cost = pricing.cost(price, usage, result.cache_write_tokens)
             elif result.started:  # cancelled or failed mid-stream: what was produced
-                actual = estimated + estimate(result.output)
+                produced = estimate(result.output)
+                actual = estimated + produced
+                cost = pricing.estimated(price, estimated, produced)
             else:
                 actual = estimated
-            await self.limits.settle_soon(held, actual)
+                cost = pricing.estimated(price, estimated, 0)
+            await self.limits.settle_soon(held, actual, cost)
 
         return settle
 

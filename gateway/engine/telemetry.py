@@ -76,6 +76,9 @@ class Observer:
     def limiter_error(self) -> None:
         """A call to the tenancy limits' limiter failed."""
 
+    def spend(self, tenant: str, model: str, micros: int) -> None:
+        """A turn of ``tenant`` on ``model`` cost ``micros`` micro-units of the currency."""
+
     def compaction(self, kind: str) -> None:
         """A context was compacted (``kind``: compact | truncation)."""
 

@@ -77,6 +77,7 @@ class TurnResult:
     provider: str = ""
     deployment: str = ""  # its name (gateway/engine/routing.py Deployment.name): a metrics label
     usage: dict[str, Any] | None = None
+    cache_write_tokens: int = 0  # of usage's input tokens, those that wrote a prompt cache (priced apart)
     error: GatewayError | None = None
     started: bool = False
     published: bool = False  # a background response, stored as it stands: kept however it ends
@@ -348,6 +349,7 @@ class Turn:
                 status = self.builder.resource["status"]
                 res.status = "cancelled" if status == "in_progress" else status
                 res.usage = self.builder.resource.get("usage")
+                res.cache_write_tokens = self.builder.cache_write_tokens
                 await self._end()
 
     async def _end(self, revoke: Callable[[GatewayError], None] | None = None) -> None:
@@ -597,6 +599,7 @@ class Turn:
             terminal = self._failed(ServerError("The gateway failed while producing this response."))
         res.status = b.resource["status"]
         res.usage = b.resource.get("usage")
+        res.cache_write_tokens = b.cache_write_tokens
 
         def revoke(exc: GatewayError) -> None:
             # A promise the turn cannot keep (it could not be stored): fail rather than hand out

@@ -6,6 +6,11 @@ request, one error when it failed, and the tokens of the ``usage`` its response 
 output, and within them cached (part of input) and reasoning (part of output) tokens, so a total is
 input + output, never more. Every turn ``Gateway.prepare`` makes is metered by its end-of-turn hook,
 except compaction's summarizing call, whose usage ``/v1/responses/compact`` returns and meters itself.
+
+A row also adds each turn's cost (``cost_micros``: integer micro-units of ``currency``, the model's
+``price`` applied to that same usage by ``gateway/kernel/pricing.py``, rounded down per turn), so a
+row's cost is exactly the sum of its turns' costs; the report gives it as ``cost_micros`` and as a
+decimal string ``cost``. The spend is counted on ``gateway_spend_total{tenant,model}`` too.
 """
 
 from __future__ import annotations
@@ -18,8 +23,11 @@ from typing import Any
 import structlog
 
 from gateway.engine.auth import Principal
+from gateway.engine.telemetry import NOOP_OBSERVER, Observer
 from gateway.engine.turn import TurnHook, TurnResult
+from gateway.kernel import pricing
 from gateway.kernel.errors import GatewayError
+from gateway.kernel.pricing import FREE, ModelPrice
 from state.usage import METRICS, MemoryLedger, UsageLedger, UsageRow
 
 log = structlog.get_logger("gateway.engine.usage")
@@ -31,9 +39,12 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def counts_of(usage: Mapping[str, Any] | None, *, failed: bool) -> dict[str, int]:
+def counts_of(
+    usage: Mapping[str, Any] | None, *, failed: bool, price: ModelPrice = FREE, cache_write: int = 0
+) -> dict[str, int]:
     """The ledger counts of one request whose response carried ``usage`` (the builder's own,
-    or compaction's: well-formed, so read as it is; a value that is not a count is 0)."""
+    or compaction's: well-formed, so read as it is; a value that is not a count is 0), and its
+    cost at ``price``."""
     if not usage:
         return {**_NONE, "errors": int(failed)}
     cached = (usage.get("input_tokens_details") or {}).get("cached_tokens")
@@ -45,6 +56,7 @@ def counts_of(usage: Mapping[str, Any] | None, *, failed: bool) -> dict[str, int
         "output_tokens": _int(usage.get("output_tokens")),
         "cached_tokens": _int(cached) if cached else 0,
         "reasoning_tokens": _int(reasoning) if reasoning else 0,
+        "cost_micros": pricing.cost(price, usage, cache_write),
     }
 
 
@@ -55,6 +67,7 @@ _NONE = {
     "output_tokens": 0,
     "cached_tokens": 0,
     "reasoning_tokens": 0,
+    "cost_micros": 0,
 }
 
 
@@ -73,39 +86,66 @@ def utc_day(at: float | None = None) -> str:
 
 
 class Meter:
-    def __init__(self, ledger: UsageLedger) -> None:
+    def __init__(
+        self,
+        ledger: UsageLedger,
+        prices: Mapping[str, ModelPrice] | None = None,
+        observer: Observer = NOOP_OBSERVER,
+        currency: str = "USD",
+    ) -> None:
         self.ledger = ledger
+        self.prices = prices or {}
+        self.observer = observer
+        self.currency = currency
 
     async def record(
         self, principal: Principal, model: str, usage: Mapping[str, Any] | None, *, failed: bool
     ) -> None:
         """Count one request. A ledger that is down loses this count (logged), never the response."""
+        counts = counts_of(usage, failed=failed, price=self.prices.get(model, FREE))
+        self._spent(principal.tenant, model, counts)
         try:
-            await self.ledger.add(
-                principal.tenant, utc_day(), principal.key_name or "", model, counts_of(usage, failed=failed)
-            )
+            await self.ledger.add(principal.tenant, utc_day(), principal.key_name or "", model, counts)
         except GatewayError as exc:
             log.warning("usage_not_recorded", tenant=principal.tenant, model=model, code=exc.code)
+
+    def cost(self, model: str, result: TurnResult) -> int:
+        """A turn's cost in micro-units: the ledger's figure (what ``x-gateway-cost`` shows)."""
+        return pricing.cost(self.prices.get(model, FREE), result.usage, result.cache_write_tokens)
+
+    def _spent(self, tenant: str, model: str, counts: dict[str, int]) -> None:
+        if counts["cost_micros"]:
+            self.observer.spend(tenant, model, counts["cost_micros"])
 
     def hook(self, principal: Principal, model: str) -> TurnHook:
         """The end-of-turn hook that meters a turn (added last in ``Gateway.prepare``, so it sees
         the outcome the client sees, a failed store write included)."""
 
         ledger, tenant, key = self.ledger, principal.tenant, principal.key_name or ""
+        price, spent = self.prices.get(model, FREE), self._spent
+
+        def counts(result: TurnResult) -> dict[str, int]:
+            found = counts_of(
+                result.usage,
+                failed=result.status == "failed",
+                price=price,
+                cache_write=result.cache_write_tokens,
+            )
+            spent(tenant, model, found)
+            return found
+
         if isinstance(ledger, MemoryLedger):
             add_now = ledger.add_now
 
             def meter_now(result: TurnResult) -> None:
-                add_now(
-                    tenant, utc_day(), key, model, counts_of(result.usage, failed=result.status == "failed")
-                )
+                add_now(tenant, utc_day(), key, model, counts(result))
 
             return meter_now
 
         async def meter(result: TurnResult) -> None:
-            counts = counts_of(result.usage, failed=result.status == "failed")
+            found = counts(result)
             try:
-                await ledger.add(tenant, utc_day(), key, model, counts)
+                await ledger.add(tenant, utc_day(), key, model, found)
             except GatewayError as exc:
                 log.warning("usage_not_recorded", tenant=tenant, model=model, code=exc.code)
 
@@ -132,6 +172,7 @@ class Meter:
             "start": start.isoformat(),
             "end": end.isoformat(),
             "group_by": group_by,
+            "currency": self.currency,
             "data": data,
             "totals": _shape(total),
         }
@@ -150,4 +191,6 @@ def _shape(c: dict[str, int]) -> dict[str, Any]:
         "total_tokens": c["input_tokens"] + c["output_tokens"],
         "input_tokens_details": {"cached_tokens": c["cached_tokens"]},
         "output_tokens_details": {"reasoning_tokens": c["reasoning_tokens"]},
+        "cost_micros": c["cost_micros"],
+        "cost": pricing.text(c["cost_micros"]),
     }

@@ -182,6 +182,12 @@ class Families:
             ["tenant", "model", "kind"],
             registry=reg,
         )
+        self.spend = Counter(
+            "gateway_spend_total",
+            "Spend in the configured currency (models.<name>.price applied to each turn's usage).",
+            ["tenant", "model"],
+            registry=reg,
+        )
         self.ws_connections = Gauge(
             "gateway_websocket_connections",
             "Open WebSocket connections.",

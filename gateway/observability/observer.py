@@ -200,6 +200,11 @@ class Metrics(Observer):
     def limiter_error(self) -> None:
         self.families.limiter_errors.inc()
 
+    def spend(self, tenant: str, model: str, micros: int) -> None:
+        # a Prometheus sample is a float: the exact figure is the ledger's (GET /v1/usage)
+        labels = self.labels
+        self.families.spend.labels(labels.tenant(tenant), labels.model(model)).inc(micros / 1_000_000)
+
     def compaction(self, kind: str) -> None:
         self.families.compactions.labels(closed(kind, COMPACTIONS)).inc()
 

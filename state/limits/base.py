@@ -32,6 +32,8 @@ The counters (``Check.kind``, a ``CheckKind``; the Lua scripts compare its lette
   reservation went into.
 - ``BUDGET`` (``b``): one counter per period (``extra``: ms until the period ends; the key outlives it by
   a day so late settlements still find it).
+- ``MONEY`` (``m``): a budget in money: a ``BUDGET`` counter of micro-units of the currency, charged
+  the admission's ``cost`` (not its tokens) and settled by its ``cost_delta``.
 - ``CONCURRENCY`` (``c``): leases (a sorted set of reservation id → when it expires: the admission's
   ``lease_ms`` after it), so a lease a crashed replica never released stops counting at its
   request's deadline.
@@ -51,6 +53,7 @@ class CheckKind(StrEnum):
     REQUESTS = "r"
     TOKENS = "t"
     BUDGET = "b"
+    MONEY = "m"
     CONCURRENCY = "c"
 
 
@@ -67,7 +70,7 @@ class Check:
     kind: CheckKind
     name: str  # the counter, within the tenant ("rpm", "k:<key>:tpm", "budget:2026-12-01", ...)
     limit: int
-    extra: int = 0  # b: ms until the period ends
+    extra: int = 0  # b, m: ms until the period ends
 
 
 @dataclass(slots=True)
@@ -87,19 +90,31 @@ class Limiter(Protocol):
     remote: bool  # a call is a network round trip (the engine then settles off the response's path)
 
     async def admit(
-        self, tenant: str, checks: Sequence[Check], rid: str, tokens: int, lease_ms: int = DEFAULT_LEASE_MS
+        self,
+        tenant: str,
+        checks: Sequence[Check],
+        rid: str,
+        tokens: int,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        cost: int = 0,
     ) -> Outcome:
-        """Check every counter; if all pass, charge each (one request, ``tokens`` tokens, a lease
-        named ``rid`` for ``lease_ms``) and record it under ``rid``. Raises ServiceUnavailable when
-        the backend cannot answer in time (``NotSent``: the admission was never sent)."""
+        """Check every counter; if all pass, charge each (one request, ``tokens`` tokens, ``cost``
+        micro-units, a lease named ``rid`` for ``lease_ms``) and record it under ``rid``. Raises
+        ServiceUnavailable when the backend cannot answer in time (``NotSent``: the admission was
+        never sent)."""
 
-    async def settle(self, tenant: str, checks: Sequence[Check], rid: str, delta: int) -> None:
-        """Correct the tokens ``rid`` charged by ``delta`` (floored at 0) and release its leases;
-        once (a settlement of an admission already settled or released changes nothing)."""
+    async def settle(
+        self, tenant: str, checks: Sequence[Check], rid: str, delta: int, cost_delta: int = 0
+    ) -> None:
+        """Correct the tokens ``rid`` charged by ``delta`` and its cost by ``cost_delta`` (each
+        floored at 0) and release its leases; once (a settlement of an admission already settled
+        or released changes nothing)."""
 
-    async def release(self, tenant: str, checks: Sequence[Check], rid: str, tokens: int) -> None:
-        """Undo whatever admission ``rid`` (of ``checks``, ``tokens``) charged, if it ran; if it has
-        not run yet, it never will charge. Idempotent."""
+    async def release(
+        self, tenant: str, checks: Sequence[Check], rid: str, tokens: int, cost: int = 0
+    ) -> None:
+        """Undo whatever admission ``rid`` (of ``checks``, ``tokens``, ``cost``) charged, if it ran;
+        if it has not run yet, it never will charge. Idempotent."""
 
     def settle_nowait(
         self,
@@ -108,6 +123,7 @@ class Limiter(Protocol):
         rid: str,
         delta: int,
         done: Callable[[bool], None],
+        cost_delta: int = 0,
     ) -> bool:
         """``settle`` sent without waiting for it (``done(ok)`` reports it); False: not possible
         now, await ``settle`` instead."""

@@ -20,6 +20,8 @@ from state.limits.base import (
     keep_ms,
 )
 
+_BUDGETS = (CheckKind.BUDGET, CheckKind.MONEY)
+
 
 class MemoryLimiter:
     """The same semantics as the Redis scripts, for one process."""
@@ -66,7 +68,13 @@ class MemoryLimiter:
             self._swept = len(records)
 
     async def admit(
-        self, tenant: str, checks: Sequence[Check], rid: str, tokens: int, lease_ms: int = DEFAULT_LEASE_MS
+        self,
+        tenant: str,
+        checks: Sequence[Check],
+        rid: str,
+        tokens: int,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        cost: int = 0,
     ) -> Outcome:
         now = int(self._clock() * 1000)
         sec = now // 1000
@@ -86,10 +94,11 @@ class MemoryLimiter:
                 if n + amount > c.limit:
                     retry = _token_retry(sorted(b.items()), n, amount, c.limit, now)
                 used, reset = n, ((max(b) + BUCKETS) * 1000 - now if b else 0)
-            elif c.kind is CheckKind.BUDGET:
+            elif c.kind in _BUDGETS:
+                amount = tokens if c.kind is CheckKind.BUDGET else cost
                 n = self._total(k, now)
-                if n + tokens > c.limit:
-                    retry = c.extra if tokens <= c.limit else -1
+                if n + amount > c.limit:
+                    retry = c.extra if amount <= c.limit else -1
                 used, reset = n, c.extra
             else:
                 n = len(self._held(k, now))
@@ -110,25 +119,28 @@ class MemoryLimiter:
                 b[sec] = b.get(sec, 0) + amount
                 out.used[i] += amount
                 out.reset_ms[i] = (sec + BUCKETS) * 1000 - now
-            elif c.kind is CheckKind.BUDGET:
-                self._totals[k] = (out.used[i] + tokens, now + c.extra + BUDGET_GRACE_MS)
-                out.used[i] += tokens
+            elif c.kind in _BUDGETS:
+                amount = tokens if c.kind is CheckKind.BUDGET else cost
+                self._totals[k] = (out.used[i] + amount, now + c.extra + BUDGET_GRACE_MS)
+                out.used[i] += amount
             else:
                 self._leases[k][rid] = now + lease_ms
                 out.used[i] += 1
         self._keep(tenant, rid, sec, now + keep_ms(checks, lease_ms), now)
         return out
 
-    def _undo(self, tenant: str, checks: Sequence[Check], rid: str, sec: int, delta: int, count: int) -> None:
+    def _undo(
+        self, tenant: str, checks: Sequence[Check], rid: str, sec: int, delta: int, count: int, money: int
+    ) -> None:
         now = int(self._clock() * 1000)
         for c in checks:
             k = (tenant, c.name)
-            d = count if c.kind is CheckKind.REQUESTS else delta
+            d = count if c.kind is CheckKind.REQUESTS else money if c.kind is CheckKind.MONEY else delta
             if c.kind in WINDOWED and d:
                 b = self._buckets.get(k)
                 if b is not None and sec in b:
                     b[sec] = max(0, b[sec] + d)
-            elif c.kind is CheckKind.BUDGET and d:
+            elif c.kind in _BUDGETS and d:
                 if k in self._totals:
                     value, expires = self._totals[k]
                     if expires > now:
@@ -140,18 +152,22 @@ class MemoryLimiter:
                     if not held:
                         del self._leases[k]
 
-    async def settle(self, tenant: str, checks: Sequence[Check], rid: str, delta: int) -> None:
+    async def settle(
+        self, tenant: str, checks: Sequence[Check], rid: str, delta: int, cost_delta: int = 0
+    ) -> None:
         sec = self._record(tenant, rid, int(self._clock() * 1000))
         if sec is None or sec < 0:
             return
         del self._records[(tenant, rid)]
-        self._undo(tenant, checks, rid, sec, delta, 0)
+        self._undo(tenant, checks, rid, sec, delta, 0, cost_delta)
 
-    async def release(self, tenant: str, checks: Sequence[Check], rid: str, tokens: int) -> None:
+    async def release(
+        self, tenant: str, checks: Sequence[Check], rid: str, tokens: int, cost: int = 0
+    ) -> None:
         now = int(self._clock() * 1000)
         sec = self._record(tenant, rid, now)
         if sec is not None and sec >= 0:
-            self._undo(tenant, checks, rid, sec, -tokens, -1)
+            self._undo(tenant, checks, rid, sec, -tokens, -1, -cost)
         if sec is None or sec >= 0:
             self._keep(tenant, rid, -1, now + TOMBSTONE_MS, now)
 
@@ -162,6 +178,7 @@ class MemoryLimiter:
         rid: str,
         delta: int,
         done: Callable[[bool], None],
+        cost_delta: int = 0,
     ) -> bool:
         return False
 

@@ -26,8 +26,9 @@ from state.redis_lean import LeanRedis, pack_args
 from state.topology import Topology
 
 # KEYS[1]: the admission's record; then one per check. ARGV[1] the reservation id, ARGV[2] the
-# tokens, ARGV[3] the lease in ms, ARGV[4] how long the record lives; then per check i:
-# ARGV[3i+2] kind, ARGV[3i+3] limit, ARGV[3i+4] extra. Returns {failed (0: none, else the check's
+# tokens, ARGV[3] the lease in ms, ARGV[4] how long the record lives, ARGV[5] the cost (micro-units,
+# what a money budget is charged); then per check i: ARGV[3i+3] kind, ARGV[3i+4] limit, ARGV[3i+5]
+# extra. Returns {failed (0: none, else the check's
 # index; -1: void, released before it ran; -2: ran already), retry_ms, used_1, reset_1, ...}.
 _ADMIT = """
 local rec = KEYS[1]
@@ -40,11 +41,12 @@ local t = redis.call('TIME')
 local sec = tonumber(t[1])
 local now = sec * 1000 + math.floor(tonumber(t[2]) / 1000)
 local rid, tokens, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local cost = tonumber(ARGV[5])
 local out = {0, 0}
 local used = {}
 for i = 1, #KEYS - 1 do
-  local key, kind = KEYS[i + 1], ARGV[3 * i + 2]
-  local limit, extra = tonumber(ARGV[3 * i + 3]), tonumber(ARGV[3 * i + 4])
+  local key, kind = KEYS[i + 1], ARGV[3 * i + 3]
+  local limit, extra = tonumber(ARGV[3 * i + 4]), tonumber(ARGV[3 * i + 5])
   local n, reset, retry = 0, 0, nil
   if kind == 'r' or kind == 't' then
     local amount = tokens
@@ -76,13 +78,15 @@ for i = 1, #KEYS - 1 do
       end
     end
     used[i] = {n, amount, lo}
-  elseif kind == 'b' then
+  elseif kind == 'b' or kind == 'm' then
+    local amount = tokens
+    if kind == 'm' then amount = cost end
     n = tonumber(redis.call('GET', key) or '0')
     reset = extra
-    if n + tokens > limit then
-      if tokens > limit then retry = -1 else retry = extra end
+    if n + amount > limit then
+      if amount > limit then retry = -1 else retry = extra end
     end
-    used[i] = n
+    used[i] = {n, amount}
   else
     redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
     n = redis.call('ZCARD', key)
@@ -98,7 +102,7 @@ for i = 1, #KEYS - 1 do
 end
 if out[1] ~= 0 then return out end
 for i = 1, #KEYS - 1 do
-  local key, kind, extra = KEYS[i + 1], ARGV[3 * i + 2], tonumber(ARGV[3 * i + 4])
+  local key, kind, extra = KEYS[i + 1], ARGV[3 * i + 3], tonumber(ARGV[3 * i + 5])
   local at = 2 + 2 * i
   if kind == 'r' or kind == 't' then
     local u = used[i]
@@ -107,10 +111,11 @@ for i = 1, #KEYS - 1 do
     redis.call('PEXPIRE', key, 62000)
     out[at - 1] = u[1] + u[2]
     out[at] = (sec + 61) * 1000 - now
-  elseif kind == 'b' then
-    redis.call('INCRBY', key, tokens)
+  elseif kind == 'b' or kind == 'm' then
+    local u = used[i]
+    redis.call('INCRBY', key, u[2])
     redis.call('PEXPIRE', key, extra + 86400000)
-    out[at - 1] = used[i] + tokens
+    out[at - 1] = u[1] + u[2]
   else
     redis.call('ZADD', key, now + lease, rid)
     if redis.call('PTTL', key) < lease then redis.call('PEXPIRE', key, lease) end
@@ -122,20 +127,22 @@ return out
 """
 
 # KEYS[1]: the admission's record; then the checks. ARGV[1] the reservation id, ARGV[2] 's'
-# (settle: ARGV[3] the token delta) or 'x' (release: ARGV[3] the tokens charged), ARGV[3 + i] the
-# kind of check i. Only a recorded admission is corrected; a release leaves a tombstone either way.
+# (settle: ARGV[3] the token delta, ARGV[4] the cost delta) or 'x' (release: ARGV[3] the tokens,
+# ARGV[4] the cost charged), ARGV[4 + i] the kind of check i. Only a recorded admission is
+# corrected; a release leaves a tombstone either way.
 _SETTLE = (
     """
-local rec, rid, mode, amount = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
+local rec, rid, mode, amount, cost = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local sec = redis.call('GET', rec)
 if sec == 'v' then return 0 end
 if sec then
-  local delta, count = amount, 0
-  if mode == 'x' then delta, count = -amount, -1 end
+  local delta, count, money = amount, 0, cost
+  if mode == 'x' then delta, count, money = -amount, -1, -cost end
   for i = 2, #KEYS do
-    local key, kind = KEYS[i], ARGV[2 + i]
+    local key, kind = KEYS[i], ARGV[3 + i]
     local d = delta
     if kind == 'r' then d = count end
+    if kind == 'm' then d = money end
     if (kind == 'r' or kind == 't') and d ~= 0 then
       local v = redis.call('HGET', key, sec)
       if v then
@@ -143,7 +150,7 @@ if sec then
         redis.call('HSET', key, sec, new)
         redis.call('HINCRBY', key, 'n', new - tonumber(v))
       end
-    elseif kind == 'b' and d ~= 0 then
+    elseif (kind == 'b' or kind == 'm') and d ~= 0 then
       local v = redis.call('GET', key)
       if v then redis.call('SET', key, math.max(0, tonumber(v) + d), 'KEEPTTL') end
     elseif kind == 'c' then
@@ -199,10 +206,16 @@ class RedisLimiter:
         return f"{self.key_prefix}:{{{quote(tenant, safe='')}}}:l:{name}"
 
     async def admit(
-        self, tenant: str, checks: Sequence[Check], rid: str, tokens: int, lease_ms: int = DEFAULT_LEASE_MS
+        self,
+        tenant: str,
+        checks: Sequence[Check],
+        rid: str,
+        tokens: int,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        cost: int = 0,
     ) -> Outcome:
         keys = [self.key(tenant, "a:" + rid), *(self.key(tenant, c.name) for c in checks)]
-        args: list[Any] = [rid, tokens, lease_ms, keep_ms(checks, lease_ms)]
+        args: list[Any] = [rid, tokens, lease_ms, keep_ms(checks, lease_ms), cost]
         for c in checks:
             args += [c.kind, c.limit, c.extra]
         raw = await self._eval(_ADMIT, keys, args)
@@ -213,17 +226,21 @@ class RedisLimiter:
         return Outcome(failed=failed, retry_ms=vals[1], used=vals[2::2], reset_ms=vals[3::2])
 
     def _settle_args(
-        self, tenant: str, checks: Sequence[Check], rid: str, mode: str, n: int
+        self, tenant: str, checks: Sequence[Check], rid: str, mode: str, n: int, cost: int
     ) -> tuple[list[str], list[Any]]:
         keys = [self.key(tenant, "a:" + rid), *(self.key(tenant, c.name) for c in checks)]
-        return keys, [rid, mode, n, *(c.kind for c in checks)]
+        return keys, [rid, mode, n, cost, *(c.kind for c in checks)]
 
-    async def settle(self, tenant: str, checks: Sequence[Check], rid: str, delta: int) -> None:
+    async def settle(
+        self, tenant: str, checks: Sequence[Check], rid: str, delta: int, cost_delta: int = 0
+    ) -> None:
         if needs_settling(checks):
-            await self._eval(_SETTLE, *self._settle_args(tenant, checks, rid, "s", delta))
+            await self._eval(_SETTLE, *self._settle_args(tenant, checks, rid, "s", delta, cost_delta))
 
-    async def release(self, tenant: str, checks: Sequence[Check], rid: str, tokens: int) -> None:
-        await self._eval(_SETTLE, *self._settle_args(tenant, checks, rid, "x", tokens))
+    async def release(
+        self, tenant: str, checks: Sequence[Check], rid: str, tokens: int, cost: int = 0
+    ) -> None:
+        await self._eval(_SETTLE, *self._settle_args(tenant, checks, rid, "x", tokens, cost))
 
     def settle_nowait(
         self,
@@ -232,13 +249,14 @@ class RedisLimiter:
         rid: str,
         delta: int,
         done: Callable[[bool], None],
+        cost_delta: int = 0,
     ) -> bool:
         if self._lean is None:
             return False
         if not needs_settling(checks):
             done(True)
             return True
-        keys, args = self._settle_args(tenant, checks, rid, "s", delta)
+        keys, args = self._settle_args(tenant, checks, rid, "s", delta, cost_delta)
         packed = pack_args(*keys, *args)
         return self._lean.send_nowait(_SHA[_SETTLE], _SETTLE, len(keys), len(args), packed, done)
 

@@ -162,3 +162,31 @@ async def test_a_request_count_only_admission_is_not_settled() -> None:
     from state.limits.base import needs_settling
 
     assert not needs_settling([RPM]) and needs_settling([RPM, TPM]) and needs_settling([CONC])
+
+
+MONEY = Check(CheckKind.MONEY, "money:x", 1_000_000, 3_600_000)  # 1.000000 of the currency
+
+
+async def test_a_money_budget_is_charged_the_cost_not_the_tokens(limiter: Limiter) -> None:
+    checks = [BUDGET, MONEY]
+    first = await limiter.admit("t", checks, "a", 100, 60_000, 700_000)
+    assert first.failed is None and first.used == [100, 700_000]
+    # the tokens would fit, the cost would not: refused at the money budget, nothing charged
+    refused = await limiter.admit("t", checks, "b", 100, 60_000, 400_000)
+    assert refused.failed == 1 and refused.retry_ms == 3_600_000 and refused.used == [100, 700_000]
+    # settled to the real cost (a worst case of 0.7 that cost 0.25): the room comes back
+    await limiter.settle("t", checks, "a", -50, -450_000)
+    ok = await limiter.admit("t", checks, "c", 10, 60_000, 400_000)
+    assert ok.failed is None and ok.used == [60, 650_000]
+    # settled once only
+    await limiter.settle("t", checks, "a", -50, -450_000)
+    assert (await limiter.admit("t", [MONEY], "d", 0, 60_000, 0)).used == [650_000]
+    # a release undoes exactly the cost charged
+    await limiter.release("t", checks, "c", 10, 400_000)
+    assert (await limiter.admit("t", [MONEY], "e", 0, 60_000, 0)).used == [250_000]
+    # a cost above the whole budget can never be admitted
+    never = await limiter.admit("t", [MONEY], "f", 0, 60_000, 1_000_001)
+    assert never.failed == 0 and never.retry_ms == -1
+    # a settlement never takes the counter below zero
+    await limiter.settle("t", [MONEY], "e", 0, -10_000_000)
+    assert (await limiter.admit("t", [MONEY], "g", 0, 60_000, 0)).used == [0]

@@ -108,11 +108,13 @@ async def test_limiter_and_ledger_count_per_tenant_on_every_master(
         for tenant in tenants:
             outs = [await limiter.admit(tenant, [RPM], f"r{i}", 0) for i in range(3)]
             assert [o.failed for o in outs] == [None, None, 0]
-            await ledger.add(tenant, "2026-12-01", "k", "m", {"requests": 1, "input_tokens": len(tenant)})
+            counts = {"requests": 1, "input_tokens": len(tenant), "cost_micros": 1000 * len(tenant)}
+            await ledger.add(tenant, "2026-12-01", "k", "m", counts)
         outs = await asyncio.gather(*(limiter.admit(t, [RPM], "x", 0) for t in tenants))
         assert all(o.failed == 0 for o in outs)  # concurrent, on three masters
         rows = await ledger.read(tenants, ["2026-12-01"])
         assert {r.tenant: r.counts["input_tokens"] for r in rows} == {t: len(t) for t in tenants}
+        assert {r.tenant: r.counts["cost_micros"] for r in rows} == {t: 1000 * len(t) for t in tenants}
         for tenant in tenants:  # each tenant's counters on its own slot's master
             port = cluster.master_of(limiter.key(tenant, "rpm"))
             assert port == cluster.master_of(ledger.day_key(tenant, "2026-12-01"))

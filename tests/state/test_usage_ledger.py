@@ -35,11 +35,14 @@ async def ledger(request: pytest.FixtureRequest) -> AsyncIterator[UsageLedger]:
 async def test_rows_add_up_per_tenant_day_key_and_model(ledger: UsageLedger) -> None:
     await ledger.add("a", "2026-12-01", "k1", "m", {"requests": 1, "input_tokens": 10})
     await ledger.add("a", "2026-12-01", "k1", "m", {"requests": 1, "errors": 1, "output_tokens": 4})
+    for cost in (1_234_567, 1, 999_999_999_999):  # micro-units add exactly
+        await ledger.add("a", "2026-12-01", "k1", "m", {"cost_micros": cost})
     await ledger.add("a", "2026-12-02", "", "we/ird\tmodel", {"requests": 1, "cached_tokens": 3})
     await ledger.add("b", "2026-12-01", "k1", "m", {"requests": 5})
     rows = await ledger.read(["a"], ["2026-12-01", "2026-12-02", "2026-12-03"])
     got = {(r.tenant, r.day, r.key, r.model): r.counts for r in rows}
     first = dict.fromkeys(METRICS, 0) | {"requests": 2, "errors": 1, "input_tokens": 10, "output_tokens": 4}
+    first["cost_micros"] = 1_234_567 + 1 + 999_999_999_999
     second = dict.fromkeys(METRICS, 0) | {"requests": 1, "cached_tokens": 3}
     assert got == {("a", "2026-12-01", "k1", "m"): first, ("a", "2026-12-02", "", "we/ird\tmodel"): second}
 

@@ -12,6 +12,7 @@ from gateway.kernel.settings.models import (
     ApiKey,
     AuthSettings,
     Budget,
+    BudgetWindow,
     CompactionSettings,
     Deployment,
     KeyLimits,
@@ -22,6 +23,8 @@ from gateway.kernel.settings.models import (
     McpSettings,
     MetricsSettings,
     ModelRoute,
+    Money,
+    Price,
     ProviderKind,
     ProviderSettings,
     RetrySettings,
@@ -34,6 +37,7 @@ from gateway.kernel.settings.models import (
     TenantSettings,
     Timeouts,
     TracingSettings,
+    micros,
 )
 
 __all__ = [
@@ -45,6 +49,7 @@ __all__ = [
     "ApiKey",
     "AuthSettings",
     "Budget",
+    "BudgetWindow",
     "CompactionSettings",
     "ConfigError",
     "Deployment",
@@ -56,6 +61,8 @@ __all__ = [
     "McpSettings",
     "MetricsSettings",
     "ModelRoute",
+    "Money",
+    "Price",
     "ProviderKind",
     "ProviderSettings",
     "RetrySettings",
@@ -72,4 +79,5 @@ __all__ = [
     "is_loopback",
     "listener_warnings",
     "load_settings",
+    "micros",
 ]

@@ -9,6 +9,8 @@ import binascii
 import ipaddress
 import os
 import re
+from datetime import datetime
+from decimal import Decimal
 from typing import TYPE_CHECKING
 from urllib.parse import SplitResult, parse_qs, urlsplit
 
@@ -207,6 +209,33 @@ def redis_db(url: SplitResult) -> str:
 
 def http_url(value: str | None) -> str | None:
     return None if value is None else check_url(value, ("http", "https"))
+
+
+def money_problem(value: Decimal) -> str | None:
+    """An amount of money: finite, not negative, at most 6 decimals (micro-units)."""
+    if not value.is_finite():
+        return 'must be a finite amount such as "2.50"'
+    if value < 0:
+        return "must not be negative"
+    if value >= 10**12:
+        return "must be less than 1000000000000"
+    if value != value.quantize(Decimal("0.000001")):
+        return "at most 6 decimals (micro-units of the currency)"
+    return None
+
+
+def window_problem(seconds: int | None, start: datetime | None, end: datetime | None) -> str | None:
+    """A budget window: ``seconds``, or ``start`` and ``end`` (with a time zone, ``end`` later)."""
+    if (seconds is None) == (start is None and end is None):
+        return "give 'seconds', or 'start' and 'end'"
+    if seconds is None:
+        if start is None or end is None:
+            return "give both 'start' and 'end'"
+        if start.tzinfo is None or end.tzinfo is None:
+            return "'start' and 'end' need a time zone (e.g. 2026-12-01T00:00:00Z)"
+        if end <= start:
+            return "'end' must be after 'start'"
+    return None
 
 
 def sha256_problem(value: str) -> str | None:

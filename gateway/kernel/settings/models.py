@@ -10,10 +10,21 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Annotated, Literal
+from datetime import datetime
+from decimal import Decimal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gateway.kernel.allow_list import parse_entry
@@ -83,9 +94,72 @@ class TenantLimits(KeyLimits):
     websocket_connections: int | None = Field(default=None, ge=1)  # open sockets
 
 
+def _money(value: Any) -> Any:
+    """An amount of money as written: a string or an integer (a YAML float is read back through
+    its shortest repr, e.g. 0.15 -> "0.15", never used as a float)."""
+    if isinstance(value, bool):
+        raise invalid('an amount must be a number such as "2.50", not a boolean')
+    if isinstance(value, float):
+        return repr(value)
+    return value
+
+
+def _micro(value: Decimal) -> Decimal:
+    if problem := checks.money_problem(value):
+        raise invalid(problem)
+    return value
+
+
+# an amount of the configured currency (``currency``), at most 6 decimals (micro-units), >= 0
+Money = Annotated[Decimal, BeforeValidator(_money), AfterValidator(_micro)]
+
+
+def micros(amount: Decimal) -> int:
+    """``amount`` in integer micro-units of the currency (exact: ``Money`` has at most 6 decimals)."""
+    return int(amount * 1_000_000)
+
+
+class Price(_Strict):
+    """A model's prices per million tokens, in the configured ``currency``. ``cached_input`` and
+    ``cache_write`` default to ``input``, ``reasoning`` to ``output``."""
+
+    input: Money
+    output: Money
+    cached_input: Money | None = None
+    cache_write: Money | None = None
+    reasoning: Money | None = None
+
+
+class BudgetWindow(_Strict):
+    """A budget period other than a calendar day or month: ``seconds`` (consecutive windows of
+    that length, counted from the Unix epoch), or one window from ``start`` to ``end``."""
+
+    seconds: int | None = Field(default=None, ge=60)
+    start: datetime | None = None
+    end: datetime | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> BudgetWindow:
+        if problem := checks.window_problem(self.seconds, self.start, self.end):
+            raise invalid(problem)
+        return self
+
+
 class Budget(_Strict):
-    tokens: int = Field(ge=1)  # input + output tokens per period
-    period: Literal["day", "month"] = "day"  # UTC
+    """Spend per period (UTC): ``tokens`` (input + output), ``amount`` (money, in ``currency``, at
+    the models' prices), or both."""
+
+    tokens: int | None = Field(default=None, ge=1)
+    amount: Money | None = None
+    period: Literal["day", "month"] | BudgetWindow = "day"
+
+    @model_validator(mode="after")
+    def _something(self) -> Budget:
+        if self.tokens is None and self.amount is None:
+            raise invalid("give 'tokens', 'amount' or both")
+        if self.amount is not None and self.amount <= 0:
+            raise Problems([("amount", "must be more than 0")])
+        return self
 
 
 def _allow_entries(values: list[str]) -> list[str]:
@@ -135,6 +209,8 @@ class McpSettings(_Strict):
 class TenantSettings(_Strict):
     limits: TenantLimits = TenantLimits()
     budget: Budget | None = None
+    # the JSON answer of POST /v1/responses carries x-gateway-cost: its cost in ``currency``
+    cost_header: bool = False
     retention: Literal["standard", "none"] = "standard"  # none: no conversation content persisted
     models: list[str] | None = None  # an allow-list for every key of the tenant (None: all)
     mcp: TenantMcp = TenantMcp()
@@ -147,6 +223,7 @@ class ApiKey(KeyRef):
     models: list[str] | None = None  # None: every model
     name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:-]{1,64}$")  # in logs, never the key
     limits: KeyLimits = KeyLimits()
+    budget: Budget | None = None  # the key's own budget; its tenant's applies too
 
 
 class AdminKey(KeyRef):
@@ -326,6 +403,7 @@ class ModelRoute(_Strict):
     routing: RoutingSettings = RoutingSettings()
     context_window: int = Field(default=128_000, ge=256)
     fallbacks: list[str] = []
+    price: Price | None = None  # None: priced at zero (docs/spend.md)
 
     @model_validator(mode="after")
     def _one_form(self) -> ModelRoute:
@@ -476,6 +554,7 @@ class Settings(BaseSettings):
     metrics: MetricsSettings = MetricsSettings()
     tracing: TracingSettings = TracingSettings()
     auto_providers: bool = True  # register openai/anthropic/gemini from OPENAI_API_KEY etc.
+    currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")  # of prices and budgets (ISO 4217)
 
     def provider_table(self) -> dict[str, ProviderSettings]:
         """Configured providers, plus the built-in ``mock`` and (with ``auto_providers``) the public
@@ -517,6 +596,32 @@ class Settings(BaseSettings):
                         f"the variable {p.api_key_env} is not set: calls to this provider send no key",
                     )
                 )
+        found += self.unpriced()
+        return found
+
+    def money_budgets(self) -> bool:
+        """Whether any tenant or key has a budget in money."""
+        budgets = [t.budget for t in self.tenants.values()] + [k.budget for k in self.auth.api_keys or ()]
+        return any(b is not None and b.amount is not None for b in budgets)
+
+    def unpriced(self) -> list[tuple[str, str]]:
+        """With budgets in money: the models that have no price (they cost nothing), and the
+        pass-through providers (their ``provider/model`` names have no price)."""
+        if not self.money_budgets():
+            return []
+        found = [
+            (f"models.{name}.price", "no price: this model's turns cost 0 against budgets in money")
+            for name, route in self.models.items()
+            if route.price is None
+        ]
+        found += [
+            (
+                f"providers.{name}.pass_through",
+                f"'{name}/<model>' names have no price: they cost 0 against budgets in money",
+            )
+            for name, p in self.providers.items()
+            if p.pass_through and p.kind != "mock"
+        ]
         return found
 
     @classmethod
