@@ -20,6 +20,8 @@ class NativeFields:
 
     api: ClientApi
     fields: dict[str, Any]
+    # the client's headers of that API an adapter of the same API sends on (Messages: anthropic-beta)
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

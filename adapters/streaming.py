@@ -102,6 +102,10 @@ class HTTPStreamAdapter(Generic[T]):
         """Auth (and any other provider-fixed) headers; the default is a bearer token."""
         return {"authorization": f"Bearer {key}"} if key else {}
 
+    def request_headers(self, request: UpstreamRequest) -> dict[str, str] | None:
+        """Headers of this request's own, beside the fixed ones (None: none)."""
+        return None
+
     def url(self, request: UpstreamRequest) -> str:
         return self._url
 
@@ -132,6 +136,8 @@ class HTTPStreamAdapter(Generic[T]):
             headers = {**headers, "x-request-id": request_id}
         if request.trace_headers:
             headers = {**headers, **request.trace_headers}
+        if (own := self.request_headers(request)) is not None:
+            headers = {**headers, **own}
         call = UpstreamCall(self.settings.kind, request.request_id)
         try:
             async with open_stream(

@@ -12,6 +12,7 @@ from adapters.anthropic.wire import MessagesRequest
 from adapters.base import UpstreamRequest
 from adapters.deltas import Delta
 from adapters.streaming import HTTPStreamAdapter, json_object
+from gateway.kernel.client_api import ClientApi
 
 __all__ = ["AnthropicAdapter"]
 
@@ -26,6 +27,14 @@ class AnthropicAdapter(HTTPStreamAdapter[MessagesStreamTranslator]):
         if key:
             headers["x-api-key"] = key
         return headers
+
+    def request_headers(self, request: UpstreamRequest) -> dict[str, str] | None:
+        """A Messages client's ``anthropic-beta``, sent on with its request (its betas enable the
+        fields it sends)."""
+        native = request.native
+        if native is not None and native.api is ClientApi.MESSAGES and native.headers:
+            return native.headers
+        return None
 
     def body(self, request: UpstreamRequest) -> MessagesRequest:
         settings = self.settings

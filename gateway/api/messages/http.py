@@ -87,7 +87,7 @@ async def _respond(request: Request, gw: Gateway, rlog: RequestLog, receive: Rec
         raw = parse_json(await read_body(request, gw.settings.limits.max_body_bytes))
         parsed = parse_messages(raw, gw.settings.limits)
         rlog.fields["model"] = parsed.model
-        body, native = engine_request(parsed, raw)
+        body, native = engine_request(parsed, raw, request.headers.get("anthropic-beta"))
     except GatewayError as err:
         rlog.refused(metrics, err)
         await _send_error(err, rlog, send)

@@ -359,7 +359,9 @@ def _tool_choice(body: MessagesBody) -> Any:
     return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
 
 
-def engine_request(body: MessagesBody, raw: dict[str, Any]) -> tuple[CreateResponseBody, NativeFields]:
+def engine_request(
+    body: MessagesBody, raw: dict[str, Any], beta: str | None = None
+) -> tuple[CreateResponseBody, NativeFields]:
     """The engine's request for ``body`` (stateless: ``store`` false, no chain, no truncation) and
     the client's own fields for the adapters (``raw``: the body as sent, the engine's fields aside)."""
     tools = [
@@ -385,5 +387,6 @@ def engine_request(body: MessagesBody, raw: dict[str, Any]) -> tuple[CreateRespo
     )
     # set past validation: Messages' max_tokens may be below the 16 Open Responses requires
     engine.max_output_tokens = body.max_tokens
-    native = NativeFields(ClientApi.MESSAGES, {k: v for k, v in raw.items() if k not in ENGINE_FIELDS})
+    fields = {k: v for k, v in raw.items() if k not in ENGINE_FIELDS}
+    native = NativeFields(ClientApi.MESSAGES, fields, {"anthropic-beta": beta} if beta else {})
     return engine, native

@@ -188,3 +188,33 @@ def test_requests_counted_as_messages(gw: ServedApp) -> None:
     lines = [line for line in metrics.splitlines() if line.startswith("gateway_requests_total{")]
     assert any('api="messages"' in line and 'status="completed"' in line for line in lines), lines
     assert any('api="messages"' in line and 'status="400"' in line for line in lines), lines
+
+
+def test_the_ledger_counts_messages_turns_as_their_clients_saw_them() -> None:
+    """The usage ledger totals are the usage the Messages answers reported (in the engine's terms:
+    input includes cached), JSON and SSE alike; refusals are not turns."""
+    with serve_gateway({"auth": {"api_keys": [{"key": "sk-l", "tenant": "ledger"}]}}) as served:
+        seen_in = seen_out = 0
+        for stream in (False, True, False):
+            resp = post(served, {**OK, "stream": stream}, key="sk-l")
+            assert resp.status_code == 200
+            if stream:
+                deltas = [
+                    orjson.loads(line[6:]) for line in resp.text.splitlines() if line.startswith("data: ")
+                ]
+                usage = next(e for e in deltas if e["type"] == "message_delta")["usage"]
+            else:
+                usage = resp.json()["usage"]
+            seen_in += (
+                usage["input_tokens"]
+                + usage["cache_read_input_tokens"]
+                + usage["cache_creation_input_tokens"]
+            )
+            seen_out += usage["output_tokens"]
+        assert post(served, {**OK, "max_tokens": "x"}, key="sk-l").status_code == 400
+        report = httpx.get(
+            served.base_url + "/v1/usage", headers={"authorization": "Bearer sk-l"}, timeout=10
+        )
+        totals = report.json()["totals"]
+        assert totals["requests"] == 3
+        assert totals["input_tokens"] == seen_in and totals["output_tokens"] == seen_out

@@ -98,3 +98,5 @@ async def test_fields_reach_anthropic_as_sent_directly(
     for name in sorted(set(sent_direct) | set(sent_gw)):
         assert sent_gw.get(name) == sent_direct.get(name), name
     assert sent_gw == sent_direct
+    assert fake.requests[-1].headers["anthropic-beta"] == "x-2025"  # the client's betas go on with it
+    assert fake.requests[-1].headers["x-api-key"] == "sk-fake"  # the provider's key, not the client's
