@@ -36,6 +36,7 @@ from gateway.engine.telemetry import NOOP_OBSERVER, NOOP_TRACER, Observer, Trace
 from gateway.engine.turn import Turn, TurnResult, Warmup
 from gateway.engine.upstream import upstream_request
 from gateway.engine.usage import Meter
+from gateway.engine.vkeys import VirtualKeys
 from gateway.kernel.errors import (
     ContextLengthExceeded,
     ErrorCode,
@@ -157,6 +158,7 @@ class Gateway:
         background_log: BackgroundLog | None = None,
         observer: Observer = NOOP_OBSERVER,
         tracer: Tracer = NOOP_TRACER,
+        virtual_keys: VirtualKeys | None = None,
     ) -> None:
         self.settings = settings
         self.router = router
@@ -164,7 +166,8 @@ class Gateway:
         self.tracer = tracer
         self.raw_store = store  # unobserved: what a reload's successor wraps again
         self.store: ResponseStore = ObservedStore(store, observer, tracer)
-        self.auth = Authenticator(settings)
+        self.virtual_keys = virtual_keys  # made through /admin/keys (gateway/engine/vkeys.py)
+        self.auth = Authenticator(settings, virtual_keys)
         self.meter = Meter(ledger or MemoryLedger())
         self.open_compaction = open_compaction
         self.fit_context = fit_context
@@ -183,6 +186,8 @@ class Gateway:
     def tenants(self) -> list[str]:
         """Every tenant the config names (a key's, a ``tenants:`` entry, ``default`` without keys)."""
         names = {k.tenant for k in self.settings.auth.api_keys or ()} | set(self.settings.tenants)
+        if self.virtual_keys is not None:
+            names |= self.virtual_keys.tenants()
         return sorted(names if self.auth.enabled else names | {"default"})
 
     def route(self, model: str, principal: Principal) -> Route:
@@ -496,6 +501,8 @@ class Gateway:
     async def aclose(self) -> None:
         await self.router.aclose()
         await self.meter.ledger.aclose()
+        if self.virtual_keys is not None:
+            await self.virtual_keys.aclose()
         await self.store.aclose()
         await self.limits.aclose()
         await self.background_log.aclose()
