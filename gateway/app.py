@@ -64,7 +64,7 @@ def build_gateway(
         store = create_store(settings.state)
         ledger, limiter = create_ledger(settings.state, store), create_limiter(settings.state)
         background_log = create_background_log(settings.state, store)
-        virtual_keys = VirtualKeys(create_key_store(settings.state, store))
+        virtual_keys: VirtualKeys | None = VirtualKeys(create_key_store(settings.state, store))
     else:
         store, ledger, limiter = running.raw_store, running.meter.ledger, running.limits.limiter
         background_log = running.background_log

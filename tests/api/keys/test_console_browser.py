@@ -19,7 +19,9 @@ import pytest
 
 from tests.harness import ServedApp, serve_gateway
 
-CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "") if p and Path(p).exists()), None)
+CHROMIUM = next(
+    (p for p in ("/usr/bin/chromium", shutil.which("chromium") or "") if p and Path(p).exists()), None
+)
 SHOT = Path(__file__).resolve().parents[3] / "docs" / "img" / "console.png"
 ADMIN = {"Authorization": "Bearer sk-admin"}
 

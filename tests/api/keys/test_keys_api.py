@@ -4,12 +4,11 @@ confined to their tenant; audit lines; config keys beside them; errors in the AP
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -52,15 +51,23 @@ def gw(state: dict[str, Any]) -> Iterator[ServedApp]:
 
 
 def respond(base: str, headers: dict[str, str], model: str = "mock") -> httpx.Response:
-    return httpx.post(f"{base}/v1/responses", json={"model": model, "input": "hi"}, headers=headers, timeout=10)
+    return httpx.post(
+        f"{base}/v1/responses", json={"model": model, "input": "hi"}, headers=headers, timeout=10
+    )
 
 
 def test_create_use_list_rotate_revoke(gw: ServedApp, state: dict[str, Any]) -> None:
     base = gw.base_url
     made = httpx.post(
         f"{base}/admin/keys",
-        json={"tenant": "team-x", "name": "ci", "models": ["mock"], "metadata": {"owner": "ann"},
-              "limits": {"requests_per_minute": 100}, "budget": {"tokens": 100000, "period": "month"}},
+        json={
+            "tenant": "team-x",
+            "name": "ci",
+            "models": ["mock"],
+            "metadata": {"owner": "ann"},
+            "limits": {"requests_per_minute": 100},
+            "budget": {"tokens": 100000, "period": "month"},
+        },
         headers=ADMIN,
     )
     assert made.status_code == 201, made.text
@@ -85,8 +92,10 @@ def test_create_use_list_rotate_revoke(gw: ServedApp, state: dict[str, Any]) -> 
     if state:
         r = redis.Redis.from_url(redis_url())
         blob = b"".join(
-            v for k in r.scan_iter(f"{state['state']['key_prefix']}:*") if r.type(k) == b"hash"
-            for v in r.hvals(k)
+            v
+            for k in r.scan_iter(f"{state['state']['key_prefix']}:*")
+            if r.type(k) == b"hash"
+            for v in cast(list[bytes], r.hvals(k))
         )
         assert secret.encode() not in blob
         assert hashlib.sha256(secret.encode()).hexdigest().encode() in blob
@@ -118,7 +127,9 @@ def test_create_use_list_rotate_revoke(gw: ServedApp, state: dict[str, Any]) -> 
 
 
 def test_a_key_expires_on_time(gw: ServedApp) -> None:
-    made = httpx.post(f"{gw.base_url}/admin/keys", json={"tenant": "a", "expires_in": 2}, headers=ADMIN).json()
+    made = httpx.post(
+        f"{gw.base_url}/admin/keys", json={"tenant": "a", "expires_in": 2}, headers=ADMIN
+    ).json()
     assert respond(gw.base_url, bearer(made["secret"])).status_code == 200
     time.sleep(2.2)
     assert respond(gw.base_url, bearer(made["secret"])).status_code == 401
@@ -137,7 +148,9 @@ def test_bad_bodies_and_callers_get_the_api_error_shape(gw: ServedApp) -> None:
         (bearer("sk-nope"), json.dumps({"tenant": "a"}).encode(), "invalid_api_key"),
     ]
     for headers, body, code in cases:
-        r = httpx.post(f"{base}/admin/keys", content=body, headers={**headers, "content-type": "application/json"})
+        r = httpx.post(
+            f"{base}/admin/keys", content=body, headers={**headers, "content-type": "application/json"}
+        )
         assert r.status_code in (400, 401, 403), r.text
         err = r.json()["error"]
         assert err["message"]
@@ -153,7 +166,10 @@ def test_a_tenant_admin_manages_its_own_tenant_only(gw: ServedApp) -> None:
     mine = httpx.post(f"{base}/admin/keys", json={"tenant": "a", "name": "script"}, headers=h)
     assert mine.status_code == 201
     assert httpx.post(f"{base}/admin/keys", json={"tenant": "b"}, headers=h).status_code == 403
-    assert httpx.post(f"{base}/admin/keys", json={"tenant": "a", "tenant_admin": True}, headers=h).status_code == 403
+    assert (
+        httpx.post(f"{base}/admin/keys", json={"tenant": "a", "tenant_admin": True}, headers=h).status_code
+        == 403
+    )
     assert httpx.get(f"{base}/admin/keys/{other['id']}", headers=h).status_code == 403
     assert httpx.delete(f"{base}/admin/keys/{other['id']}", headers=h).status_code == 403
     assert httpx.post(f"{base}/admin/keys/{other['id']}/rotate", headers=h).status_code == 403
@@ -183,12 +199,12 @@ def test_every_action_writes_an_audit_line_without_the_secret(
     assert text.count(made["id"]) >= 4 and "ops" in text
 
 
-async def test_the_cache_follows_a_change_made_by_another_replica() -> None:
+def test_the_cache_follows_a_change_made_by_another_replica() -> None:
     """Two apps on one Redis (in one process; the two-process test is tests/api/keys/test_replicas.py)."""
     p = unique_prefix()
     state = {"state": {"redis_url": redis_url(), "key_prefix": p}}
     with serve_gateway(config(**state)) as one, serve_gateway(config(**state)) as two:
         made = httpx.post(f"{one.base_url}/admin/keys", json={"tenant": "a"}, headers=ADMIN).json()
-        await asyncio.sleep(1.0)
+        time.sleep(1.0)
         assert respond(two.base_url, bearer(made["secret"])).status_code == 200
     delete_prefix(redis_url(), p)

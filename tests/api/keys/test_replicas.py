@@ -70,7 +70,9 @@ async def test_a_key_made_on_one_replica_works_on_the_other_and_revoked_is_refus
             # a second key, rotated on one without grace: its old secret is refused on two
             k2 = (await client.post(f"{two.url}/admin/keys", json={"tenant": "team"}, headers=ADMIN)).json()
             await within(1.0, lambda: _is(client, one, k2["secret"], 200))
-            new = (await client.post(f"{one.url}/admin/keys/{k2['id']}/rotate", headers=ADMIN)).json()["secret"]
+            new = (await client.post(f"{one.url}/admin/keys/{k2['id']}/rotate", headers=ADMIN)).json()[
+                "secret"
+            ]
             await within(1.0, lambda: _is(client, two, k2["secret"], 401))
             await within(1.0, lambda: _is(client, two, new, 200))
             # config keys work beside them
