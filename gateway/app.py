@@ -21,7 +21,7 @@ from compact.inline import compact_inline
 from compact.opener import Opener
 from compact.seal import Sealer
 from compact.truncation import fit_context
-from gateway.api import admin, background, compact, http, ops, stored, usage
+from gateway.api import admin, background, compact, console, http, keys, ops, stored, usage
 from gateway.api.chat import http as chat_http
 from gateway.api.encode import sse_frame
 from gateway.api.exchange import error_response
@@ -36,11 +36,18 @@ from gateway.engine.context import CompactionOpener
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.routing import Router
 from gateway.engine.telemetry import NOOP_OBSERVER, NOOP_TRACER, Observer, Tracer
+from gateway.engine.vkeys import VirtualKeys
 from gateway.kernel.errors import ErrorCode, GatewayError, InvalidRequest, NotFound, ServerError
 from gateway.kernel.settings import Settings, load_settings
 from gateway.observability import tracing
 from gateway.observability.observer import Metrics
-from state.factory import create_background_log, create_ledger, create_limiter, create_store
+from state.factory import (
+    create_background_log,
+    create_key_store,
+    create_ledger,
+    create_limiter,
+    create_store,
+)
 
 log = structlog.get_logger("gateway.app")
 
@@ -60,9 +67,11 @@ def build_gateway(
         store = create_store(settings.state)
         ledger, limiter = create_ledger(settings.state, store), create_limiter(settings.state)
         background_log = create_background_log(settings.state, store)
+        virtual_keys: VirtualKeys | None = VirtualKeys(create_key_store(settings.state, store))
     else:
         store, ledger, limiter = running.raw_store, running.meter.ledger, running.limits.limiter
         background_log = running.background_log
+        virtual_keys = running.virtual_keys
         observer, tracer = running.observer, running.tracer
     opener: CompactionOpener | None = None
     if running is not None and settings.compaction.keys == running.settings.compaction.keys:
@@ -82,6 +91,7 @@ def build_gateway(
         observer=observer,
         tracer=tracer,
         mcp=McpHost(settings.mcp, settings.tenants),
+        virtual_keys=virtual_keys,
     )
 
 
@@ -229,6 +239,8 @@ def create_app(
         metrics: Metrics = app.state.metrics
         gateway = build_gateway(settings, observer=metrics, tracer=app.state.tracer)
         app.state.gateway = gateway
+        if gateway.virtual_keys is not None:
+            await gateway.virtual_keys.start()
         runs = app.state.background = BackgroundRuns(gateway.background_log, gateway.store, sse_frame)
         runs.start_watch(lambda: app.state.live.current.tenants())
         app.state.live = LiveGateway(gateway, retire_gateway)
@@ -278,6 +290,18 @@ def create_app(
     app.add_route("/readyz", holding(ops.readyz), methods=["GET"])
     app.add_route("/metrics", holding(ops.metrics), methods=["GET"])
     app.add_route("/admin/reload", holding(admin.reload_config), methods=["POST"])
+    app.add_route("/admin/keys", holding(keys.create_key), methods=["POST"])
+    app.add_route("/admin/keys", holding(keys.list_keys), methods=["GET"])
+    app.add_route("/admin/keys/{key_id}", holding(keys.get_key), methods=["GET"])
+    app.add_route("/admin/keys/{key_id}", holding(keys.update_key), methods=["PATCH"])
+    app.add_route("/admin/keys/{key_id}", holding(keys.delete_key), methods=["DELETE"])
+    app.add_route("/admin/keys/{key_id}/rotate", holding(keys.rotate_key), methods=["POST"])
+    app.add_route("/console", holding(console.console_page), methods=["GET"])
+    app.add_route("/console/login", holding(console.login), methods=["POST"])
+    app.add_route("/console/logout", holding(console.logout), methods=["POST"])
+    app.add_route("/console/api/usage", holding(console.console_usage), methods=["GET"])
+    app.add_route("/console/api/overview", holding(console.console_overview), methods=["GET"])
+    app.add_route("/console/static/{name}", console.asset, methods=["GET"])
     app.fixed_paths = fixed_paths(app)
 
     async def http_exception(request: Request, exc: Exception) -> Response:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from gateway.kernel.settings import StateSettings
 from state.background import BackgroundLog, MemoryBackgroundLog
 from state.base import ResponseStore
+from state.keys import MemoryKeyStore, RedisKeyStore, VirtualKeyStore
 from state.limits.base import Limiter
 from state.limits.memory import MemoryLimiter
 from state.memory import MemoryStore
@@ -69,3 +70,14 @@ def create_background_log(settings: StateSettings, store: ResponseStore) -> Back
         assert isinstance(store, RedisStore)
         return RedisBackgroundLog(store)
     return MemoryBackgroundLog()
+
+
+def create_key_store(settings: StateSettings, store: ResponseStore) -> VirtualKeyStore:
+    """Virtual keys' records beside ``store``: in the same Redis, sharing its client, else in
+    process."""
+    if settings.redis_url is not None:
+        from state.redis import RedisStore
+
+        assert isinstance(store, RedisStore)
+        return RedisKeyStore(store)
+    return MemoryKeyStore()

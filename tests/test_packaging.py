@@ -53,3 +53,31 @@ def test_the_license_named_in_the_metadata_is_shipped() -> None:
     assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"]
     assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in text
     assert "END OF TERMS AND CONDITIONS" in text and "9. Accepting Warranty or Additional Liability." in text
+
+
+def test_the_wheel_ships_the_consoles_assets(tmp_path: Path) -> None:
+    """The console (gateway/api/console) is served from files in the package: the wheel has them."""
+    import subprocess
+    import zipfile
+
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = tmp_path.glob("*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for asset in ("console.js", "console.css"):
+        assert f"gateway/api/console/static/{asset}" in names

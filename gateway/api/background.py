@@ -92,7 +92,7 @@ async def start(
     inflight: InFlight = request.app.state.inflight
     live: LiveGateway = request.app.state.live
     live.retain(gw)
-    inflight.add(turn)
+    inflight.add(turn, principal.tenant)
 
     def done() -> None:
         inflight.discard(turn)

@@ -73,7 +73,7 @@ async def _respond(
             await background.start(request, gw, turn, principal, extra, send, watch, stream=bool(body.stream))
             return
         inflight: InFlight = request.app.state.inflight
-        inflight.add(turn)
+        inflight.add(turn, principal.tenant)
         try:
             if body.stream:
                 stalls: StallWatch = request.app.state.stall_watch

@@ -16,13 +16,20 @@ class InFlight:
     __slots__ = ("_turns",)
 
     def __init__(self) -> None:
-        self._turns: set[Turn] = set()
+        self._turns: dict[Turn, str] = {}  # → its tenant
 
-    def add(self, turn: Turn) -> None:
-        self._turns.add(turn)
+    def add(self, turn: Turn, tenant: str) -> None:
+        self._turns[turn] = tenant
 
     def discard(self, turn: Turn) -> None:
-        self._turns.discard(turn)
+        self._turns.pop(turn, None)
+
+    def per_tenant(self) -> dict[str, int]:
+        """How many turns each tenant has running (the console's live page)."""
+        counts: dict[str, int] = {}
+        for tenant in self._turns.values():
+            counts[tenant] = counts.get(tenant, 0) + 1
+        return counts
 
     def __len__(self) -> int:
         return len(self._turns)

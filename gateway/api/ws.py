@@ -517,7 +517,7 @@ class TurnCycle:
                 conn.book.commit(committing, target)
 
         inflight = conn.inflight
-        inflight.add(turn)
+        inflight.add(turn, conn.principal.tenant)
         try:
             await turn.run(conn.emitter(self.sid), opened=opened)
         except GatewayError as err:  # before generation: the envelope only

@@ -8,6 +8,7 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 
+from gateway.engine.vkeys import VirtualKeys
 from gateway.kernel.errors import AuthenticationFailed, PermissionDenied
 from gateway.kernel.settings import Budget, KeyLimits, Settings
 
@@ -21,6 +22,8 @@ class Principal:
     key_name: str | None = None
     limits: KeyLimits | None = None  # the key's own limits (gateway/engine/limits.py)
     budget: Budget | None = None  # the key's own budget (its tenant's applies too)
+    # a virtual key (gateway/engine/vkeys.py) an admin allowed to manage its own tenant's keys
+    tenant_admin: bool = False
 
 
 ANONYMOUS = Principal(tenant="default")
@@ -42,9 +45,14 @@ def allowed_models(key: list[str] | None, tenant: list[str] | None) -> list[str]
 
 
 class Authenticator:
-    def __init__(self, settings: Settings) -> None:
+    """The config's keys, and the virtual keys (``virtual``: made through ``/admin/keys``, held in
+    a cache that follows their changes without a reload)."""
+
+    def __init__(self, settings: Settings, virtual: VirtualKeys | None = None) -> None:
         self.enabled = settings.auth.enabled
+        self.virtual = virtual
         tenants = settings.tenants
+        self._tenants = tenants
 
         def principal(
             tenant: str,
@@ -95,6 +103,12 @@ class Authenticator:
         for stored, principal in self._by_digest.items():  # every key compared, in constant time
             if hmac.compare_digest(stored, digest):
                 found = principal
+        if found is None and self.virtual is not None:
+            vk = self.virtual.lookup(digest)
+            if vk is not None:
+                t = self._tenants.get(vk.tenant)
+                models = allowed_models(vk.models, t.models if t else None)
+                return Principal(vk.tenant, models, vk.id, vk.limits, vk.budget, vk.tenant_admin)
         if found is None:
             if not self.enabled:
                 return self.anonymous

@@ -38,6 +38,7 @@ from gateway.engine.telemetry import NOOP_OBSERVER, NOOP_TRACER, Observer, Trace
 from gateway.engine.turn import Turn, TurnResult, Warmup
 from gateway.engine.upstream import upstream_request
 from gateway.engine.usage import Meter
+from gateway.engine.vkeys import VirtualKeys
 from gateway.kernel import pricing
 from gateway.kernel.errors import (
     ContextLengthExceeded,
@@ -169,6 +170,7 @@ class Gateway:
         observer: Observer = NOOP_OBSERVER,
         tracer: Tracer = NOOP_TRACER,
         mcp: McpHost | None = None,
+        virtual_keys: VirtualKeys | None = None,
     ) -> None:
         self.settings = settings
         self.mcp = mcp  # the MCP client of hosted tools (hosted.py); None: MCP tools refused
@@ -177,7 +179,8 @@ class Gateway:
         self.tracer = tracer
         self.raw_store = store  # unobserved: what a reload's successor wraps again
         self.store: ResponseStore = ObservedStore(store, observer, tracer)
-        self.auth = Authenticator(settings)
+        self.virtual_keys = virtual_keys  # made through /admin/keys (gateway/engine/vkeys.py)
+        self.auth = Authenticator(settings, virtual_keys)
         self.prices = price_table(settings)  # micro-units per million tokens, by model name
         self.meter = Meter(ledger or MemoryLedger(), self.prices, observer, settings.currency)
         self.open_compaction = open_compaction
@@ -202,6 +205,8 @@ class Gateway:
     def tenants(self) -> list[str]:
         """Every tenant the config names (a key's, a ``tenants:`` entry, ``default`` without keys)."""
         names = {k.tenant for k in self.settings.auth.api_keys or ()} | set(self.settings.tenants)
+        if self.virtual_keys is not None:
+            names |= self.virtual_keys.tenants()
         return sorted(names if self.auth.enabled else names | {"default"})
 
     def route(self, model: str, principal: Principal) -> Route:
@@ -552,6 +557,8 @@ class Gateway:
     async def aclose(self) -> None:
         await self.router.aclose()
         await self.meter.ledger.aclose()
+        if self.virtual_keys is not None:
+            await self.virtual_keys.aclose()
         await self.store.aclose()
         await self.limits.aclose()
         await self.background_log.aclose()

@@ -82,7 +82,7 @@ async def _respond(
             headers.update(rate_headers)
             extra += [(k.encode(), v.encode()) for k, v in rate_headers.items()]
         inflight: InFlight = request.app.state.inflight
-        inflight.add(turn)
+        inflight.add(turn, principal.tenant)
         try:
             if streaming:
                 stalls: StallWatch = request.app.state.stall_watch

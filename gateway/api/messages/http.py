@@ -104,7 +104,7 @@ async def _respond(request: Request, gw: Gateway, rlog: RequestLog, receive: Rec
         turn.on_end(lambda result: rlog.turn_ended(metrics, result))
         rate = rate_limit_headers(turn.rate_standing)
         inflight: InFlight = request.app.state.inflight
-        inflight.add(turn)
+        inflight.add(turn, principal.tenant)
         try:
             if body.stream:
                 stalls: StallWatch = request.app.state.stall_watch

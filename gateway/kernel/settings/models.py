@@ -234,6 +234,9 @@ class AdminKey(KeyRef):
 
 class AdminSettings(_Strict):
     api_keys: list[AdminKey] = []
+    # signs the console's session cookies (/console); None: a random key per process (a session
+    # then works only on the replica that made it: set one shared secret behind a balancer)
+    console_secret: SecretStr | None = None
 
 
 class AuthSettings(_Strict):
