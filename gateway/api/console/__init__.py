@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 
 from gateway.api.exchange import error_response, json_response, read_body
-from gateway.engine.auth import Admin
+from gateway.engine.auth import Admin, Principal
 from gateway.engine.orchestrator import Gateway
 from gateway.engine.usage import GROUPS, utc_day
 from gateway.kernel.errors import AuthenticationFailed, ErrorCode, GatewayError, InvalidRequest, NotFound
@@ -244,15 +244,18 @@ async def console_overview(request: Request, gw: Gateway) -> Response:
     and the config in force (redacted)."""
     try:
         _admin(request, gw)
-        today = date.fromisoformat(utc_day())
         budgets: list[dict[str, Any]] = []
         for tenant, ts in sorted(gw.settings.tenants.items()):
             if ts.budget is None:
                 continue
-            start = today.replace(day=1) if ts.budget.period == "month" else today
-            report = await gw.meter.report([tenant], start, today, "model")
+            # the counters the admission reads (money and tokens alike), the same on every replica
+            uses = await gw.limits.budget_use(Principal(tenant=tenant))
             budgets.append(
-                {"tenant": tenant, "budget": ts.budget.model_dump(mode="json"), "used": report["totals"]}
+                {
+                    "tenant": tenant,
+                    "budget": ts.budget.model_dump(mode="json"),
+                    "use": [{"unit": u.unit, "limit": u.limit, "used": u.used} for u in uses],
+                }
             )
         for rec in gw.virtual_keys.records() if gw.virtual_keys is not None else ():
             if rec.budget is not None:

@@ -41,7 +41,7 @@ def gw() -> Iterator[ServedApp]:
             ]
         },
         "admin": {"api_keys": [{"key": "sk-admin", "name": "ops"}]},
-        "tenants": {"alpha": {"budget": {"tokens": 100000, "period": "month"}}},
+        "tenants": {"alpha": {"budget": {"tokens": 100000, "amount": "5.00", "period": "month"}}},
         "models": {"mock": {"provider": "mock"}, "mock-large": {"provider": "mock"}},
     }
     with serve_gateway(cfg) as served:
@@ -139,7 +139,10 @@ def test_console_create_use_revoke_and_charts_match_usage(gw: ServedApp) -> None
             assert "sk-a" not in config_text and "sk-admin" not in config_text
             page.click('nav button[data-tab="budgets"]')
             page.wait_for_selector("#budgets tbody tr")
-            assert "alpha" in page.locator("#budgets tbody").inner_text()
+            budgets = page.locator("#budgets tbody").inner_text()
+            assert "alpha" in budgets
+            # the admission's own counters: its token and its money budget, with their limits
+            assert "of 100000 tokens" in budgets and "of 5.00" in budgets
         finally:
             browser.close()
 

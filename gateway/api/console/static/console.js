@@ -88,7 +88,7 @@
       b.key ? `${b.tenant} (key ${b.key})` : b.tenant,
       b.budget.amount !== undefined ? String(b.budget.amount) : `${b.budget.tokens} tokens`,
       typeof b.budget.period === "string" ? b.budget.period : JSON.stringify(b.budget.period),
-      b.used ? `${b.used.total_tokens} tokens` : "",
+      (b.use || []).map((u) => (u.unit === "micros" ? `${(u.used / 1e6).toFixed(2)} of ${(u.limit / 1e6).toFixed(2)}` : `${u.used} of ${u.limit} tokens`)).join(", "),
     ]));
     fill($("#live tbody"), o.live.map((r) => [r.tenant, String(r.websocket_connections), String(r.inflight_responses)]));
     $("#config pre").textContent = JSON.stringify(o.config, null, 2);
