@@ -28,7 +28,9 @@ def mcp_servers() -> Iterator[McpServers]:
 @pytest.fixture(scope="package")
 async def upstreams() -> AsyncIterator[dict[str, Any]]:
     async with contextlib.AsyncExitStack() as stack:
-        yield {kind: await stack.enter_async_context(cls.serve()) for kind, cls in KINDS.items()}
+        served = {kind: await stack.enter_async_context(cls.serve()) for kind, cls in KINDS.items()}
+        served["openai-chat"].responder = smart_reply  # a test without ``fakes`` gets the same policy
+        yield served
 
 
 @pytest.fixture
