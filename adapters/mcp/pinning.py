@@ -8,6 +8,7 @@ upgrade changes them."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Iterable
 from typing import Any
@@ -93,8 +94,9 @@ class CappedTransport(httpx2.AsyncBaseTransport):
         await self._inner.aclose()
 
 
+@functools.cache
 def supported() -> bool:
-    """The internals this module replaces are where it expects them."""
+    """The internals this module replaces are where it expects them (checked once a process)."""
     transport = httpx2.AsyncHTTPTransport(trust_env=False)
     pool = getattr(transport, "_pool", None)
     params = inspect.signature(httpcore2.AsyncConnectionPool).parameters

@@ -181,15 +181,20 @@ def _items(messages: list[ChatMessage]) -> list[Any]:
     return items
 
 
-def _text_of(msg: ChatMessage, at: str) -> str:
-    """The text of a message whose role takes text only (system, developer, tool)."""
-    content = msg.content
-    if content is None:
+def _content(msg: ChatMessage, at: str) -> Any:
+    """The message's content, which its role requires."""
+    if msg.content is None:
         raise InvalidRequest(
             f"Missing required parameter: '{at}.content'.",
             param=f"{at}.content",
             code=ErrorCode.MISSING_REQUIRED_PARAMETER,
         )
+    return msg.content
+
+
+def _text_of(msg: ChatMessage, at: str) -> str:
+    """The text of a message whose role takes text only (system, developer, tool)."""
+    content = _content(msg, at)
     if isinstance(content, str):
         return content
     texts: list[str] = []
@@ -201,13 +206,7 @@ def _text_of(msg: ChatMessage, at: str) -> str:
 
 
 def _user_content(msg: ChatMessage, at: str) -> str | list[Any]:
-    content = msg.content
-    if content is None:
-        raise InvalidRequest(
-            f"Missing required parameter: '{at}.content'.",
-            param=f"{at}.content",
-            code=ErrorCode.MISSING_REQUIRED_PARAMETER,
-        )
+    content = _content(msg, at)
     if isinstance(content, str):
         return content
     parts: list[Any] = []
