@@ -6,6 +6,7 @@ test has a redis-server of its own, and reads its keys directly."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import signal
 import time
@@ -168,10 +169,15 @@ async def test_clients_that_leave_early_leave_no_charge(private_redis: RedisServ
 
 @pytest.mark.parametrize("mode", ["allow", "deny"])
 async def test_a_frozen_redis_during_a_burst_leaves_no_charge(private_redis: RedisServer, mode: str) -> None:
-    """Redis SIGSTOPped for 3 s while 40 clients send requests back to back: the admissions that
-    time out (served unlimited, or refused with 503) run when Redis resumes and are undone, the
-    settlements sent meanwhile land; afterwards Redis holds exactly the requests that were admitted
-    (the answers with x-ratelimit headers), each charged its real usage, and no lease."""
+    """Redis SIGSTOPped (for 3 s, and on until an admission has timed out) while 40 clients send
+    requests back to back: the admissions that time out (served unlimited, or refused with 503) run
+    when Redis resumes and are undone, the settlements sent meanwhile land; afterwards Redis holds
+    exactly the requests that were admitted (the answers with x-ratelimit headers), each charged
+    its real usage, and no lease.
+
+    The freeze lasts until an answer shows a timed-out admission: on a loaded machine every client
+    may be past its admission when Redis stops, then wait out ``state.timeout_seconds`` on the
+    usage ledger's write, and send its next admission only after a fixed freeze has ended."""
     p = unique_prefix()
     charges = Charges(private_redis.url, p)
     answers: list[httpx.Response] = []
@@ -179,10 +185,16 @@ async def test_a_frozen_redis_during_a_burst_leaves_no_charge(private_redis: Red
         fake.default = Reply.text("ok", usage=(11, 7))
         with serve(settings(fake, private_redis.url, p, on_limiter_error=mode)) as served:
             loop = asyncio.get_running_loop()
-            stop_at = loop.time() + 5.0
+            thawed, timed_out = asyncio.Event(), asyncio.Event()
             async with httpx.AsyncClient(base_url=served.base_url, timeout=30) as client:
 
                 async def worker() -> None:
+                    while not thawed.is_set():
+                        answer = await client.post("/v1/responses", headers=KEY, json=BODY)
+                        answers.append(answer)
+                        if "x-ratelimit-limit-requests" not in answer.headers:
+                            timed_out.set()
+                    stop_at = loop.time() + 1.0  # and on, with Redis answering again
                     while loop.time() < stop_at:
                         answers.append(await client.post("/v1/responses", headers=KEY, json=BODY))
 
@@ -192,8 +204,11 @@ async def test_a_frozen_redis_during_a_burst_leaves_no_charge(private_redis: Red
                     private_redis.proc.send_signal(signal.SIGSTOP)
                     try:
                         await asyncio.sleep(3.0)
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(timed_out.wait(), 30.0)
                     finally:
                         private_redis.proc.send_signal(signal.SIGCONT)
+                        thawed.set()
 
                 await asyncio.gather(freeze(), *(worker() for _ in range(40)))
             admitted = [r for r in answers if "x-ratelimit-limit-requests" in r.headers]
