@@ -64,6 +64,9 @@ def build_body(
     """The ``POST /v1/messages`` body for ``req`` (streamed unless ``req.stream`` is False);
     ``caching``: with prompt-cache breakpoints (:func:`mark_breakpoints`); ``send_defaults``: see
     :func:`sampling`."""
+    native = req.native
+    if native is not None and native.api is ClientApi.MESSAGES:
+        return _client_body(req, native.fields, default_max_tokens, send_defaults)
     system, messages = build_messages(req)
     max_tokens = req.max_output_tokens or default_max_tokens
     body: MessagesRequest = {"model": req.model, "max_tokens": max_tokens, "messages": messages}
@@ -92,14 +95,27 @@ def build_body(
         body["stop_sequences"] = stop
     if req.stream:
         body["stream"] = True
-    native = req.native
-    if native is not None and native.api is ClientApi.MESSAGES:
-        # A Messages client's own request: every field it sent goes on as it sent it (its blocks'
-        # cache_control included, so no breakpoints of the gateway's), the model aside.
-        body.update(native.fields)  # type: ignore[typeddict-item]
-        return body
     if caching:
         mark_breakpoints(body)
+    return body
+
+
+def _client_body(
+    req: UpstreamRequest, fields: dict[str, Any], default_max_tokens: int, send_defaults: bool
+) -> MessagesRequest:
+    """A Messages client's own request: every field it sent goes on as it sent it (its blocks'
+    cache_control included, so no breakpoints of the gateway's), the model the route's. The
+    gateway adds only what the client left to it: streaming, and a server's default sampling that
+    must be sent (``send_defaults``). Nothing is translated: the engine's items and tools are the
+    same request, which the client's own fields say exactly."""
+    max_tokens = req.max_output_tokens or default_max_tokens
+    body: MessagesRequest = {"model": req.model, "max_tokens": max_tokens, "messages": []}
+    if send_defaults:
+        thinking = thinking_budget(req.reasoning, max_tokens) is not None
+        body.update(sampling(req, thinking=thinking, send_defaults=True))  # type: ignore[typeddict-item]
+    if req.stream:
+        body["stream"] = True
+    body.update(fields)  # type: ignore[typeddict-item]
     return body
 
 

@@ -191,18 +191,17 @@ def compact_request(data: Any, limits: Limits) -> CompactRequestBody:
 def _depth_over(value: Any, limit: int) -> bool:
     """Whether ``value`` nests dicts and lists more than ``limit`` deep (iterative: no recursion
     limit to hit on the way)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
+    if not isinstance(value, dict | list):
+        return False
+    stack: list[tuple[Any, int]] = [(value, 1)]  # containers only
+    pop, push = stack.pop, stack.append
     while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict):
-            children: Any = node.values()
-        elif isinstance(node, list):
-            children = node
-        else:
-            continue
+        node, depth = pop()
         if depth > limit:
             return True
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, dict | list):
+                push((child, depth + 1))
     return False
 
 

@@ -28,6 +28,8 @@ _RECEIPT_TYPES = frozenset({"mcp_list_tools", "mcp_call", "mcp_approval_request"
 
 _ASSISTANT_TEXT = frozenset({"input_text", "text", "output_text"})
 
+Item = dict[str, Any]  # an item in normalized form
+
 
 def _part(part: Any, role: str) -> dict[str, Any]:
     t = part.type
@@ -55,7 +57,11 @@ def message(role: str, text: str, *, item_id: str | None = None) -> dict[str, An
 
 
 def normalize(item: Any) -> dict[str, Any]:
-    """One parsed input item (not a reference or compaction item) → its normalized dict."""
+    """One parsed input item (not a reference or compaction item) → its normalized dict. An item in
+    normalized form already (a dict: what the Chat Completions and Messages ingresses map their
+    messages to) is taken as it is."""
+    if isinstance(item, dict):
+        return item
     if isinstance(item, MessageItem):
         role = item.role
         if isinstance(item.content, str):

@@ -46,6 +46,7 @@ from gateway.kernel.spec.request import (
     ToolChoiceAllowed,
     ToolChoiceFunction,
 )
+from gateway.kernel.spec.trusted import Trusted
 
 __all__ = ["LOGPROBS", "engine_request", "native_fields"]
 
@@ -53,6 +54,13 @@ LOGPROBS = "message.output_text.logprobs"
 # what the gateway itself decides on its way upstream: the route's model, and streaming
 _NOT_NATIVE = frozenset({"model", "stream", "stream_options"})
 _MAX_USER = 64  # the engine's safety_identifier
+
+
+# The engine's request, built from the validated wire model's values without validating them again
+# (gateway/kernel/spec/trusted.py): every value is within the engine model's own bounds.
+_BODY = Trusted(CreateResponseBody, model="m", input="hi", store=False)
+_TOOL = Trusted(FunctionTool, type="function", name="f", parameters={"type": "object"})
+MAKERS = (_BODY, _TOOL)
 
 
 def native_fields(raw: dict[str, Any]) -> NativeFields:
@@ -80,46 +88,51 @@ def engine_request(body: ChatCompletionBody) -> CreateResponseBody:
         text = TextParam(format=TextFormatJsonObject(type="json_object"), verbosity=body.verbosity)
     elif body.verbosity is not None:
         text = TextParam(verbosity=body.verbosity)
-    include: list[Any] | None = [LOGPROBS] if body.logprobs else None
-    top_logprobs = body.top_logprobs if body.logprobs else None
+    values: dict[str, Any] = {
+        "model": body.model,
+        "input": _input(body.messages),
+        "stream": bool(body.stream),
+        "store": False,
+        # The engine's bounds are Chat Completions' but for max_output_tokens, whose floor of 16 is
+        # not this client's error.
+        "max_output_tokens": body.max_completion_tokens or body.max_tokens,
+    }
+    if text is not None:
+        values["text"] = text
+    if body.tools:
+        values["tools"] = [
+            _TOOL.build(
+                type="function",
+                name=t.function.name,
+                description=t.function.description,
+                parameters=t.function.parameters,
+                strict=t.function.strict,
+            )
+            for t in body.tools
+        ]
+    if body.tool_choice is not None:
+        values["tool_choice"] = _tool_choice(body)
+    if body.logprobs:
+        values["include"] = [LOGPROBS]
+        values["top_logprobs"] = body.top_logprobs
+    if body.reasoning_effort:
+        values["reasoning"] = ReasoningParam(effort=body.reasoning_effort)
     user = body.user if body.user and len(body.user) <= _MAX_USER else None
-    tools = [
-        FunctionTool(
-            type="function",
-            name=t.function.name,
-            description=t.function.description,
-            parameters=t.function.parameters,
-            strict=t.function.strict,
-        )
-        for t in body.tools or ()
-    ]
-    max_tokens = body.max_completion_tokens or body.max_tokens
-    fields = dict(
-        model=body.model,
-        input=_input(body.messages),
-        tools=tools or None,
-        tool_choice=_tool_choice(body),
-        parallel_tool_calls=body.parallel_tool_calls,
-        text=text,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty,
-        reasoning=ReasoningParam(effort=body.reasoning_effort) if body.reasoning_effort else None,
-        include=include,
-        top_logprobs=top_logprobs,
-        safety_identifier=body.safety_identifier or user,
-        prompt_cache_key=body.prompt_cache_key,
-        metadata=body.metadata,
-        service_tier=body.service_tier if body.service_tier != "scale" else None,
-        stream=bool(body.stream),
-        store=False,
+    optional = (
+        ("parallel_tool_calls", body.parallel_tool_calls),
+        ("temperature", body.temperature),
+        ("top_p", body.top_p),
+        ("presence_penalty", body.presence_penalty),
+        ("frequency_penalty", body.frequency_penalty),
+        ("safety_identifier", body.safety_identifier or user),
+        ("prompt_cache_key", body.prompt_cache_key),
+        ("metadata", body.metadata),
+        ("service_tier", body.service_tier if body.service_tier != "scale" else None),
     )
-    # The engine's bounds are Chat Completions' but for max_output_tokens, whose floor of 16 is not
-    # this client's error: it is set once the rest is validated.
-    body_ = CreateResponseBody(**{k: v for k, v in fields.items() if v is not None})
-    body_.max_output_tokens = max_tokens
-    return body_
+    for name, value in optional:
+        if value is not None:
+            values[name] = value
+    return _BODY.build(**{k: v for k, v in values.items() if v is not None})
 
 
 def _tool_choice(body: ChatCompletionBody) -> Any:

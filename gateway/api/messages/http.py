@@ -35,12 +35,30 @@ _JSON = (b"content-type", b"application/json")
 _SPAN_ATTRS = {"gen_ai.operation.name": "chat", "http.request.method": "POST", "gateway.transport": "http"}
 
 
-def _authenticate(request: Request, gw: Gateway, rlog: RequestLog) -> Principal:
+class _ClientHeaders:
+    """The request headers this ingress reads, found in one pass over the ASGI list (the server
+    gives their names in lower case); of a header sent twice, the first, as Starlette's ``get``."""
+
+    __slots__ = ("api_key", "authorization", "beta")
+
+    def __init__(self, scope: Scope) -> None:
+        self.authorization: str | None = None
+        self.api_key: str | None = None
+        self.beta: str | None = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                self.authorization = self.authorization or value.decode("latin-1")
+            elif name == b"x-api-key":
+                self.api_key = self.api_key or value.decode("latin-1")
+            elif name == b"anthropic-beta":
+                self.beta = self.beta or value.decode("latin-1")
+
+
+def _authenticate(sent: _ClientHeaders, gw: Gateway, rlog: RequestLog) -> Principal:
     """Anthropic clients send ``x-api-key``; others ``Authorization: Bearer`` (the latter wins)."""
-    authorization = request.headers.get("authorization")
-    key = request.headers.get("x-api-key")
-    if not authorization and key:
-        authorization = f"Bearer {key}"
+    authorization = sent.authorization
+    if not authorization and sent.api_key:
+        authorization = f"Bearer {sent.api_key}"
     principal = gw.auth.authenticate(authorization)
     rlog.fields["tenant"] = principal.tenant
     rlog.span.set("gateway.api_key.name", principal.key_name)
@@ -83,11 +101,12 @@ async def create_message(scope: Scope, receive: Receive, send: Send, gw: Gateway
 async def _respond(request: Request, gw: Gateway, rlog: RequestLog, receive: Receive, send: Send) -> None:
     metrics = request.app.state.metrics
     try:
-        principal = _authenticate(request, gw, rlog)
+        sent = _ClientHeaders(request.scope)
+        principal = _authenticate(sent, gw, rlog)
         raw = parse_json(await read_body(request, gw.settings.limits.max_body_bytes))
         parsed = parse_messages(raw, gw.settings.limits)
         rlog.fields["model"] = parsed.model
-        body, native = engine_request(parsed, raw, request.headers.get("anthropic-beta"))
+        body, native = engine_request(parsed, raw, sent.beta)
     except GatewayError as err:
         rlog.refused(metrics, err)
         await _send_error(err, rlog, send)
@@ -159,7 +178,7 @@ async def count_tokens(scope: Scope, receive: Receive, send: Send, gw: Gateway) 
     rlog = RequestLog(request, "http", api=ClientApi.MESSAGES)
     metrics = request.app.state.metrics
     try:
-        principal = _authenticate(request, gw, rlog)
+        principal = _authenticate(_ClientHeaders(request.scope), gw, rlog)
         raw = parse_json(await read_body(request, gw.settings.limits.max_body_bytes))
         body = parse_count(raw, gw.settings.limits)
         rlog.fields["model"] = body.model

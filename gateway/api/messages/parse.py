@@ -28,29 +28,26 @@ from gateway.api.messages.wire import (
     MessagesBody,
     RedactedThinkingBlock,
     TextBlock,
+    Thinking,
     ThinkingBlock,
+    Tool,
+    ToolChoice,
     ToolResultBlock,
     ToolUseBlock,
 )
 from gateway.engine.validate import MAX_MODEL_CHARS, _depth_over
 from gateway.kernel.client_api import ClientApi
 from gateway.kernel.errors import ErrorCode, InvalidRequest
+from gateway.kernel.ids import new_id
+from gateway.kernel.items import Item, message
 from gateway.kernel.settings import Limits
 from gateway.kernel.spec.request import (
     CreateResponseBody,
-    FunctionCallItem,
-    FunctionCallOutputItem,
     FunctionTool,
-    InputFile,
-    InputImage,
-    InputText,
-    MessageItem,
-    OutputText,
-    ReasoningItem,
     ReasoningParam,
-    SummaryText,
     ToolChoiceFunction,
 )
+from gateway.kernel.spec.trusted import Trusted
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -123,21 +120,62 @@ def _check_size(data: Any, limits: Limits) -> None:
         )
 
 
-def _check_free_json(body: CountTokensBody, limit: int) -> None:
-    """The free-form JSON a request may carry: tool schemas and tool_use inputs."""
-    for n, tool in enumerate(body.tools or ()):
+def _check_tools(tools: list[Tool] | None, limit: int, *, client_only: bool) -> None:
+    """Each tool's schema nested within ``limit``; ``client_only``: a client tool (``custom``)."""
+    for n, tool in enumerate(tools or ()):
+        if client_only and tool.type not in (None, "custom"):
+            raise invalid(f"tools.{n}.type", "only client tools (custom) are supported by this gateway")
         if _depth_over(tool.input_schema, limit):
             raise invalid(
                 f"tools.{n}.input_schema", f"nested more than {limit} levels deep", ErrorCode.NESTING_TOO_DEEP
             )
-    for n, msg in enumerate(body.messages):
-        for k, block in enumerate(msg.content if isinstance(msg.content, list) else ()):
-            if isinstance(block, ToolUseBlock) and _depth_over(block.input, limit):
-                raise invalid(
-                    f"messages.{n}.content.{k}.input",
-                    f"nested more than {limit} levels deep",
-                    ErrorCode.NESTING_TOO_DEEP,
-                )
+
+
+def _check_messages(messages: list[Message], limit: int, *, rules: bool) -> None:
+    """In one pass: each tool_use's input nested within ``limit``; ``rules``, Anthropic's own rules
+    the engine relies on: tool_use ids unique, each tool_result answering a tool_use of the
+    assistant turn just before it, and no message empty but an optional final assistant one."""
+    seen: set[str] = set()
+    pending: set[str] = set()  # the tool_use ids of the assistant turn just before
+    last = len(messages) - 1
+    for n, msg in enumerate(messages):
+        content = msg.content
+        assistant = msg.role == "assistant"
+        if rules and not content and not (n == last and assistant):
+            raise invalid(
+                f"messages.{n}",
+                "all messages must have non-empty content except for the optional final assistant message",
+            )
+        if isinstance(content, str):
+            pending = set()
+            continue
+        answered, pending = pending, set()
+        for k, block in enumerate(content):
+            if isinstance(block, ToolUseBlock):
+                if _depth_over(block.input, limit):
+                    raise invalid(
+                        f"messages.{n}.content.{k}.input",
+                        f"nested more than {limit} levels deep",
+                        ErrorCode.NESTING_TOO_DEEP,
+                    )
+                if rules and assistant:
+                    if block.id in seen:
+                        raise invalid(
+                            f"messages.{n}.content.{k}.id",
+                            f"tool_use ids must be unique ('{block.id}')",
+                            ErrorCode.DUPLICATE_CALL_ID,
+                        )
+                    seen.add(block.id)
+                    pending.add(block.id)
+            elif rules and not assistant and isinstance(block, ToolResultBlock):
+                if block.tool_use_id not in answered:
+                    raise invalid(
+                        f"messages.{n}.content.{k}.tool_use_id",
+                        f"unexpected `tool_use_id` found in `tool_result` blocks: {block.tool_use_id}. "
+                        "Each `tool_result` block must have a corresponding `tool_use` block in the "
+                        "previous message.",
+                        ErrorCode.INVALID_FUNCTION_CALL_OUTPUT,
+                    )
 
 
 def _check_model(model: str) -> None:
@@ -158,7 +196,8 @@ def parse_count(data: Any, limits: Limits) -> CountTokensBody:
     _check_size(data, limits)
     body = _validated(CountTokensBody, data)
     _check_model(body.model)
-    _check_free_json(body, limits.max_json_depth)
+    _check_tools(body.tools, limits.max_json_depth, client_only=False)
+    _check_messages(body.messages, limits.max_json_depth, rules=False)
     return body
 
 
@@ -169,7 +208,6 @@ def parse_messages(data: Any, limits: Limits) -> MessagesBody:
     _check_size(data, limits)
     body = _validated(MessagesBody, data)
     _check_model(body.model)
-    _check_free_json(body, limits.max_json_depth)
     thinking = body.thinking
     if thinking is not None and thinking.type == "enabled":
         if thinking.budget_tokens is None:
@@ -178,54 +216,27 @@ def parse_messages(data: Any, limits: Limits) -> MessagesBody:
             )
         if thinking.budget_tokens >= body.max_tokens:
             raise invalid("max_tokens", "must be greater than thinking.budget_tokens")
-    for n, tool in enumerate(body.tools or ()):
-        if tool.type not in (None, "custom"):
-            raise invalid(f"tools.{n}.type", "only client tools (custom) are supported by this gateway")
+    if body.tools:
+        _check_tools(body.tools, limits.max_json_depth, client_only=True)
     choice = body.tool_choice
     if choice is not None and choice.type == "tool" and not choice.name:
         raise invalid("tool_choice.tool.name", "Field required", ErrorCode.MISSING_REQUIRED_PARAMETER)
-    _check_tool_ids(body.messages)
-    last = len(body.messages) - 1
-    for n, msg in enumerate(body.messages):
-        if not msg.content and not (n == last and msg.role == "assistant"):
-            raise invalid(
-                f"messages.{n}",
-                "all messages must have non-empty content except for the optional final assistant message",
-            )
+    _check_messages(body.messages, limits.max_json_depth, rules=True)
     return body
 
 
-def _check_tool_ids(messages: list[Message]) -> None:
-    """Each tool_result answers a tool_use of the assistant turn before it; tool_use ids are unique."""
-    seen: set[str] = set()
-    pending: set[str] = set()
-    for n, msg in enumerate(messages):
-        blocks = msg.content if isinstance(msg.content, list) else []
-        if msg.role == "assistant":
-            pending = set()
-            for k, block in enumerate(blocks):
-                if isinstance(block, ToolUseBlock):
-                    if block.id in seen:
-                        raise invalid(
-                            f"messages.{n}.content.{k}.id",
-                            f"tool_use ids must be unique ('{block.id}')",
-                            ErrorCode.DUPLICATE_CALL_ID,
-                        )
-                    seen.add(block.id)
-                    pending.add(block.id)
-            continue
-        for k, block in enumerate(blocks):
-            if isinstance(block, ToolResultBlock) and block.tool_use_id not in pending:
-                raise invalid(
-                    f"messages.{n}.content.{k}.tool_use_id",
-                    f"unexpected `tool_use_id` found in `tool_result` blocks: {block.tool_use_id}. Each "
-                    "`tool_result` block must have a corresponding `tool_use` block in the previous message.",
-                    ErrorCode.INVALID_FUNCTION_CALL_OUTPUT,
-                )
-        pending = set()
-
-
 # -- mapping --------------------------------------------------------------------------------------
+# The engine's request, built from the validated wire model's values without validating them again
+# (gateway/kernel/spec/trusted.py): every value below is within the engine model's own bounds. Its
+# input items are in the engine's normalized form already (gateway/kernel/items.py), as
+# ``normalize`` would make them of the corresponding wire items.
+_BODY = Trusted(CreateResponseBody, model="m", input="hi", store=False)
+_REASONING_PARAM = Trusted(ReasoningParam, effort="low")
+_CHOICE = Trusted(ToolChoiceFunction, type="function", name="f")
+_TOOL = Trusted(FunctionTool, type="function", name="f", parameters={"type": "object"})
+MAKERS = (_BODY, _REASONING_PARAM, _CHOICE, _TOOL)
+
+
 def system_text(system: str | list[TextBlock] | None) -> str | None:
     if system is None:
         return None
@@ -237,51 +248,60 @@ def _data_url(media_type: str, data: str) -> str:
     return f"data:{media_type};base64,{data}"
 
 
-def _image(block: ImageBlock) -> InputImage:
+def _image(block: ImageBlock) -> Item:
     src = block.source
     url = src.url if src.type == "url" else _data_url(src.media_type, src.data)
-    return InputImage(type="input_image", image_url=url)
+    return {"type": "input_image", "image_url": url}
 
 
-def _document(block: DocumentBlock) -> InputFile:
+def _document(block: DocumentBlock) -> Item:
     src = block.source
-    if src.type == "url":
-        return InputFile(type="input_file", file_url=src.url, filename=block.title)
+    out: Item = {"type": "input_file"}
     if src.type == "text":
-        data = base64.b64encode(src.data.encode()).decode()
-        return InputFile(
-            type="input_file", file_data=_data_url("text/plain", data), filename=block.title or "document.txt"
-        )
-    return InputFile(type="input_file", file_data=_data_url(src.media_type, src.data), filename=block.title)
+        out["filename"] = block.title or "document.txt"
+        out["file_data"] = _data_url("text/plain", base64.b64encode(src.data.encode()).decode())
+        return out
+    if block.title is not None:
+        out["filename"] = block.title
+    if src.type == "url":
+        out["file_url"] = src.url
+    else:
+        out["file_data"] = _data_url(src.media_type, src.data)
+    return out
 
 
-def _user_part(block: Any) -> InputText | InputImage | InputFile:
+def _user_part(block: Any) -> Item:
     if isinstance(block, TextBlock):
-        return InputText(type="input_text", text=block.text)
+        return {"type": "input_text", "text": block.text}
     if isinstance(block, ImageBlock):
         return _image(block)
     return _document(block)
 
 
-def _tool_output(block: ToolResultBlock) -> FunctionCallOutputItem:
+def _tool_output(block: ToolResultBlock) -> Item:
     content = block.content
     output: str | list[Any]
     if content is None or isinstance(content, str):
         output = content or ""
     else:
         output = [_user_part(b) for b in content]
-    return FunctionCallOutputItem(type="function_call_output", call_id=block.tool_use_id, output=output)
+    return {
+        "type": "function_call_output",
+        "id": new_id("fco"),
+        "call_id": block.tool_use_id,
+        "output": output,
+    }
 
 
-def _user_items(msg: Message) -> list[Any]:
+def _user_items(msg: Message) -> list[Item]:
     if isinstance(msg.content, str):
-        return [MessageItem(type="message", role="user", content=msg.content)]
-    items: list[Any] = []
-    parts: list[Any] = []
+        return [message("user", msg.content)]
+    items: list[Item] = []
+    parts: list[Item] = []
     for block in msg.content:
         if isinstance(block, ToolResultBlock):
             if parts:
-                items.append(MessageItem(type="message", role="user", content=parts))
+                items.append({"type": "message", "id": new_id("msg"), "role": "user", "content": parts})
                 parts = []
             items.append(_tool_output(block))
         elif isinstance(block, TextBlock | ImageBlock | DocumentBlock):
@@ -289,73 +309,71 @@ def _user_items(msg: Message) -> list[Any]:
         else:
             raise invalid("messages.content", f"a user message cannot carry a {block.type} block")
     if parts:
-        items.append(MessageItem(type="message", role="user", content=parts))
+        items.append({"type": "message", "id": new_id("msg"), "role": "user", "content": parts})
     return items
 
 
-def _assistant_items(msg: Message) -> list[Any]:
+def _assistant_items(msg: Message) -> list[Item]:
     if isinstance(msg.content, str):
-        return [MessageItem(type="message", role="assistant", content=msg.content)] if msg.content else []
-    items: list[Any] = []
-    texts: list[Any] = []
+        return [message("assistant", msg.content)] if msg.content else []
+    items: list[Item] = []
+    texts: list[Item] = []
 
     def flush() -> None:
         nonlocal texts
         if texts:
-            items.append(MessageItem(type="message", role="assistant", content=texts))
+            items.append({"type": "message", "id": new_id("msg"), "role": "assistant", "content": texts})
             texts = []
 
     for block in msg.content:
         if isinstance(block, TextBlock):
-            texts.append(OutputText(type="output_text", text=block.text))
+            texts.append({"type": "output_text", "text": block.text})
             continue
         flush()
         if isinstance(block, ToolUseBlock):
             args = orjson.dumps(block.input).decode()
-            items.append(
-                FunctionCallItem(type="function_call", call_id=block.id, name=block.name, arguments=args)
-            )
+            call = {"type": "function_call", "id": new_id("fc"), "call_id": block.id, "name": block.name}
+            items.append({**call, "arguments": args})
         elif isinstance(block, ThinkingBlock):
-            summary = [SummaryText(text=block.thinking)] if block.thinking else []
-            items.append(ReasoningItem(type="reasoning", summary=summary, encrypted_content=block.signature))
+            summary = [{"type": "summary_text", "text": block.thinking}] if block.thinking else []
+            thought: Item = {"type": "reasoning", "id": new_id("rs"), "summary": summary}
+            if block.signature:
+                thought["encrypted_content"] = block.signature
+            items.append(thought)
         elif isinstance(block, RedactedThinkingBlock):
-            items.append(ReasoningItem(type="reasoning", encrypted_content=REDACTED_PREFIX + block.data))
+            data = REDACTED_PREFIX + block.data
+            items.append({"type": "reasoning", "id": new_id("rs"), "summary": [], "encrypted_content": data})
         else:
             raise invalid("messages.content", f"an assistant message cannot carry a {block.type} block")
     flush()
     return items
 
 
-def input_items(messages: list[Message]) -> list[Any]:
-    items: list[Any] = []
+def input_items(messages: list[Message]) -> list[Item]:
+    """The engine's input items of ``messages``, normalized."""
+    items: list[Item] = []
     for msg in messages:
         items += _user_items(msg) if msg.role == "user" else _assistant_items(msg)
     return items
 
 
-def _effort(body: MessagesBody) -> ReasoningParam | None:
+def _effort(thinking: Thinking) -> ReasoningParam:
     """``thinking`` as a reasoning effort (its budget's, adapters/anthropic/request.py's table) with
     a summary unless its display is ``omitted`` (Anthropic returns the summarized thinking)."""
-    thinking = body.thinking
-    if thinking is None:
-        return None
     if thinking.type == "disabled":
-        return ReasoningParam(effort="none")
+        return _REASONING_PARAM.build(effort="none")
     summary = None if thinking.display == "omitted" else "auto"
     if thinking.type == "adaptive" or thinking.budget_tokens is None:
-        return ReasoningParam(effort="medium", summary=summary)
+        return _REASONING_PARAM.build(effort="medium", summary=summary)
     budget = thinking.budget_tokens
     effort = next((name for name, top in _EFFORTS if budget <= top), "xhigh")
-    return ReasoningParam(effort=effort, summary=summary)
+    return _REASONING_PARAM.build(effort=effort, summary=summary)
 
 
-def _tool_choice(body: MessagesBody) -> Any:
-    choice = body.tool_choice
-    if choice is None:
-        return None
+def _tool_choice(choice: ToolChoice) -> Any:
     if choice.type == "tool":
         assert choice.name is not None  # parse_messages checks it
-        return ToolChoiceFunction(type="function", name=choice.name)
+        return _CHOICE.build(type="function", name=choice.name)
     return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
 
 
@@ -364,29 +382,39 @@ def engine_request(
 ) -> tuple[CreateResponseBody, NativeFields]:
     """The engine's request for ``body`` (stateless: ``store`` false, no chain, no truncation) and
     the client's own fields for the adapters (``raw``: the body as sent, the engine's fields aside)."""
-    tools = [
-        FunctionTool(type="function", name=t.name, description=t.description, parameters=t.input_schema)
-        for t in body.tools or ()
-    ]
+    values: dict[str, Any] = {
+        "model": body.model,
+        "input": input_items(body.messages),
+        "stream": bool(body.stream),
+        "store": False,
+        "truncation": "disabled",
+        # Messages' max_tokens may be below the 16 Open Responses requires
+        "max_output_tokens": body.max_tokens,
+    }
+    if body.system is not None and (instructions := system_text(body.system)):
+        values["instructions"] = instructions
+    if body.tools:
+        values["tools"] = [
+            _TOOL.build(type="function", name=t.name, description=t.description, parameters=t.input_schema)
+            for t in body.tools
+        ]
     choice = body.tool_choice
+    if choice is not None:
+        values["tool_choice"] = _tool_choice(choice)
+        if choice.disable_parallel_tool_use:
+            values["parallel_tool_calls"] = False
+    if body.temperature is not None:
+        values["temperature"] = body.temperature
+    if body.top_p is not None:
+        values["top_p"] = body.top_p
+    if body.thinking is not None:
+        values["reasoning"] = _effort(body.thinking)
     user_id = body.metadata.user_id if body.metadata else None
-    engine = CreateResponseBody(
-        model=body.model,
-        input=input_items(body.messages),
-        instructions=system_text(body.system),
-        tools=tools or None,
-        tool_choice=_tool_choice(body),
-        parallel_tool_calls=False if choice is not None and choice.disable_parallel_tool_use else None,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        reasoning=_effort(body),
-        safety_identifier=user_id if user_id and len(user_id) <= 64 else None,
-        stream=bool(body.stream),
-        store=False,
-        truncation="disabled",
-    )
-    # set past validation: Messages' max_tokens may be below the 16 Open Responses requires
-    engine.max_output_tokens = body.max_tokens
-    fields = {k: v for k, v in raw.items() if k not in ENGINE_FIELDS}
+    if user_id and len(user_id) <= 64:
+        values["safety_identifier"] = user_id
+    engine = _BODY.build(**values)
+    fields = dict(raw)
+    for name in ENGINE_FIELDS:
+        fields.pop(name, None)
     native = NativeFields(ClientApi.MESSAGES, fields, {"anthropic-beta": beta} if beta else {})
     return engine, native
