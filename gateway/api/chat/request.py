@@ -15,6 +15,8 @@ from typing import Any
 from adapters.base import NativeFields
 from gateway.kernel.client_api import ClientApi
 from gateway.kernel.errors import ErrorCode, InvalidRequest
+from gateway.kernel.ids import new_id
+from gateway.kernel.items import Item, message
 from gateway.kernel.spec.chat import (
     ChatCompletionBody,
     ChatFile,
@@ -30,16 +32,8 @@ from gateway.kernel.spec.chat import (
 from gateway.kernel.spec.request import (
     AllowedToolRef,
     CreateResponseBody,
-    FunctionCallItem,
-    FunctionCallOutputItem,
     FunctionTool,
-    InputFile,
-    InputImage,
-    InputText,
-    MessageItem,
-    OutputText,
     ReasoningParam,
-    Refusal,
     TextFormatJsonObject,
     TextFormatJsonSchema,
     TextParam,
@@ -93,10 +87,12 @@ def engine_request(body: ChatCompletionBody) -> CreateResponseBody:
         "input": _input(body.messages),
         "stream": bool(body.stream),
         "store": False,
-        # The engine's bounds are Chat Completions' but for max_output_tokens, whose floor of 16 is
-        # not this client's error.
-        "max_output_tokens": body.max_completion_tokens or body.max_tokens,
     }
+    # The engine's bounds are Chat Completions' but for max_output_tokens, whose floor of 16 is not
+    # this client's error.
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    if max_tokens is not None:
+        values["max_output_tokens"] = max_tokens
     if text is not None:
         values["text"] = text
     if body.tools:
@@ -114,25 +110,30 @@ def engine_request(body: ChatCompletionBody) -> CreateResponseBody:
         values["tool_choice"] = _tool_choice(body)
     if body.logprobs:
         values["include"] = [LOGPROBS]
-        values["top_logprobs"] = body.top_logprobs
+        if body.top_logprobs is not None:
+            values["top_logprobs"] = body.top_logprobs
     if body.reasoning_effort:
         values["reasoning"] = ReasoningParam(effort=body.reasoning_effort)
-    user = body.user if body.user and len(body.user) <= _MAX_USER else None
-    optional = (
-        ("parallel_tool_calls", body.parallel_tool_calls),
-        ("temperature", body.temperature),
-        ("top_p", body.top_p),
-        ("presence_penalty", body.presence_penalty),
-        ("frequency_penalty", body.frequency_penalty),
-        ("safety_identifier", body.safety_identifier or user),
-        ("prompt_cache_key", body.prompt_cache_key),
-        ("metadata", body.metadata),
-        ("service_tier", body.service_tier if body.service_tier != "scale" else None),
-    )
-    for name, value in optional:
-        if value is not None:
-            values[name] = value
-    return _BODY.build(**{k: v for k, v in values.items() if v is not None})
+    if body.parallel_tool_calls is not None:
+        values["parallel_tool_calls"] = body.parallel_tool_calls
+    if body.temperature is not None:
+        values["temperature"] = body.temperature
+    if body.top_p is not None:
+        values["top_p"] = body.top_p
+    if body.presence_penalty is not None:
+        values["presence_penalty"] = body.presence_penalty
+    if body.frequency_penalty is not None:
+        values["frequency_penalty"] = body.frequency_penalty
+    user = body.safety_identifier or (body.user if body.user and len(body.user) <= _MAX_USER else None)
+    if user:
+        values["safety_identifier"] = user
+    if body.prompt_cache_key is not None:
+        values["prompt_cache_key"] = body.prompt_cache_key
+    if body.metadata is not None:
+        values["metadata"] = body.metadata
+    if body.service_tier is not None and body.service_tier != "scale":
+        values["service_tier"] = body.service_tier
+    return _BODY.build(**values)
 
 
 def _tool_choice(body: ChatCompletionBody) -> Any:
@@ -161,8 +162,10 @@ def _input(messages: list[ChatMessage]) -> str | list[Any]:
     return _items(messages)
 
 
-def _items(messages: list[ChatMessage]) -> list[Any]:
-    items: list[Any] = []
+def _items(messages: list[ChatMessage]) -> list[Item]:
+    """The input items of ``messages``, in the engine's normalized form (gateway/kernel/items.py), as
+    ``normalize`` would make them of the corresponding wire items."""
+    items: list[Item] = []
     for n, msg in enumerate(messages):
         at = f"messages[{n}]"
         role = msg.role
@@ -180,17 +183,25 @@ def _items(messages: list[ChatMessage]) -> list[Any]:
                     param=f"{at}.tool_call_id",
                     code=ErrorCode.MISSING_REQUIRED_PARAMETER,
                 )
+            output = _text_of(msg, at)
             items.append(
-                FunctionCallOutputItem(
-                    type="function_call_output", call_id=msg.tool_call_id, output=_text_of(msg, at)
-                )
+                {
+                    "type": "function_call_output",
+                    "id": new_id("fco"),
+                    "call_id": msg.tool_call_id,
+                    "output": output,
+                }
             )
         elif role == "assistant":
             items += _assistant(msg, at)
         elif role in ("system", "developer"):
-            items.append(MessageItem(role=role, content=_text_of(msg, at)))
+            items.append(message(role, _text_of(msg, at)))
         else:
-            items.append(MessageItem(role="user", content=_user_content(msg, at)))
+            content = _user_content(msg, at)
+            if isinstance(content, str):
+                items.append(message("user", content))
+            else:
+                items.append({"type": "message", "id": new_id("msg"), "role": "user", "content": content})
     return items
 
 
@@ -225,10 +236,13 @@ def _user_content(msg: ChatMessage, at: str) -> str | list[Any]:
     parts: list[Any] = []
     for k, part in enumerate(content):
         if isinstance(part, ChatText):
-            parts.append(InputText(type="input_text", text=part.text))
+            parts.append({"type": "input_text", "text": part.text})
         elif isinstance(part, ChatImage):
             image = part.image_url
-            parts.append(InputImage(type="input_image", image_url=image.url, detail=image.detail))
+            picture: Item = {"type": "input_image", "image_url": image.url}
+            if image.detail is not None:
+                picture["detail"] = image.detail
+            parts.append(picture)
         elif isinstance(part, ChatFile):
             ref = part.file
             if not ref.file_data and not ref.file_id:
@@ -237,11 +251,8 @@ def _user_content(msg: ChatMessage, at: str) -> str | list[Any]:
                     param=f"{at}.content[{k}].file.file_data",
                     code=ErrorCode.MISSING_REQUIRED_PARAMETER,
                 )
-            parts.append(
-                InputFile(
-                    type="input_file", filename=ref.filename, file_data=ref.file_data, file_id=ref.file_id
-                )
-            )
+            given = (("filename", ref.filename), ("file_data", ref.file_data), ("file_id", ref.file_id))
+            parts.append({"type": "input_file", **{k: v for k, v in given if v is not None}})
         else:
             raise _part_refused(f"{at}.content[{k}]", part.type, "user")
     return parts
@@ -253,30 +264,32 @@ def _assistant(msg: ChatMessage, at: str) -> list[Any]:
     content = msg.content
     if isinstance(content, str):
         if content:
-            parts.append(OutputText(type="output_text", text=content))
+            parts.append({"type": "output_text", "text": content})
     elif content is not None:
         for k, part in enumerate(content):
             if isinstance(part, ChatText):
-                parts.append(OutputText(type="output_text", text=part.text))
+                parts.append({"type": "output_text", "text": part.text})
             elif isinstance(part, ChatRefusal):
-                parts.append(Refusal(type="refusal", refusal=part.refusal))
+                parts.append({"type": "refusal", "refusal": part.refusal})
             else:
                 raise _part_refused(f"{at}.content[{k}]", part.type, "assistant")
     if msg.refusal:
-        parts.append(Refusal(type="refusal", refusal=msg.refusal))
+        parts.append({"type": "refusal", "refusal": msg.refusal})
     if parts:
-        out.append(MessageItem(role="assistant", content=parts))
+        out.append({"type": "message", "id": new_id("msg"), "role": "assistant", "content": parts})
     for call in msg.tool_calls or ():
+        fn = call.function
         out.append(
-            FunctionCallItem(
-                type="function_call",
-                call_id=call.id,
-                name=call.function.name,
-                arguments=call.function.arguments,
-            )
+            {
+                "type": "function_call",
+                "id": new_id("fc"),
+                "call_id": call.id,
+                "name": fn.name,
+                "arguments": fn.arguments,
+            }
         )
     if not out:  # an empty turn, as clients replay one: kept, so the roles still alternate
-        out.append(MessageItem(role="assistant", content=""))
+        out.append(message("assistant", ""))
     return out
 
 
