@@ -18,6 +18,7 @@ SCENARIOS: dict[str, tuple[str, str]] = {
     "overhead": ("bench.scenarios.overhead", "observability's cost: tracing off, on, metrics scraped"),
     "resume": ("bench.scenarios.resume", "replaying a background response's 4,096-event stream"),
     "instructions": ("bench.scenarios.instructions", "instructions per WebSocket turn, counted by callgrind"),
+    "ingress": ("bench.scenarios.ingress_cost", "instructions per JSON request of each client API's route"),
 }
 TOOLS: dict[str, tuple[str, str]] = {
     "report": ("bench.lib.report", "print the table of a saved run again (FILE: bench/results/run-*.json)"),

@@ -349,6 +349,16 @@ def _assistant_items(msg: Message) -> list[Item]:
     return items
 
 
+def _input(messages: list[Message]) -> str | list[Item]:
+    """The engine's input; one plain user message is its text alone, as a Responses client sends it
+    (and as the chat ingress maps it)."""
+    if len(messages) == 1:
+        only = messages[0]
+        if only.role == "user" and isinstance(only.content, str):
+            return only.content
+    return input_items(messages)
+
+
 def input_items(messages: list[Message]) -> list[Item]:
     """The engine's input items of ``messages``, normalized."""
     items: list[Item] = []
@@ -384,7 +394,7 @@ def engine_request(
     the client's own fields for the adapters (``raw``: the body as sent, the engine's fields aside)."""
     values: dict[str, Any] = {
         "model": body.model,
-        "input": input_items(body.messages),
+        "input": _input(body.messages),
         "stream": bool(body.stream),
         "store": False,
         "truncation": "disabled",
