@@ -20,16 +20,21 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import http.client
-import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from bench.lib.procs import HOST, RESULTS, ROOT, free_port, write_config
-from bench.scenarios.instructions import Counted, _commit, _env, _upstream, _wait_healthy
+from bench.lib.procs import HOST, RESULTS, ROOT, write_config
+from bench.scenarios.instructions import (
+    Counted,
+    _commit,
+    _upstream,
+    _wait_healthy,
+    counted_gateway,
+    parse_counted,
+)
 from bench.scenarios.run import GATEWAY_MODELS, PROMPT, direct_native, gw_body
 
 # name → (the route it is compared with, path, body)
@@ -65,20 +70,7 @@ def measure_tree(
 ) -> dict[str, Any]:
     cfg = scratch / f"gateway-{abs(hash(str(tree)))}.yaml"
     write_config(cfg, up_port, "warning", GATEWAY_MODELS)
-    port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "gateway",
-        "serve",
-        "--config",
-        str(cfg),
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-    ]
-    gw = Counted("gateway", argv, tree, _env(tree), scratch / f"gateway-{abs(hash(str(tree)))}.cg")
+    gw, port = counted_gateway(tree, cfg, scratch)
     per_request: dict[str, float] = {}
     try:
         _wait_healthy(gw, port)
@@ -110,12 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench ingress", description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=100, help="counted requests per target (100)")
     parser.add_argument("--warmup", type=int, default=30, help="uncounted requests first (30)")
-    parser.add_argument(
-        "--against", type=Path, action="append", default=[], help="another checkout, side by side"
-    )
-    args = parser.parse_args(argv)
-    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
-        raise SystemExit("ingress: needs valgrind (and callgrind_control) on PATH")
+    args = parse_counted(parser, argv)
     with tempfile.TemporaryDirectory(prefix="bench-ingress-") as tmp:
         scratch = Path(tmp)
         up, up_port = _upstream(scratch)

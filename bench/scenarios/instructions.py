@@ -124,26 +124,32 @@ def _upstream(scratch: Path) -> tuple[Counted, int]:
     raise RuntimeError("the fake upstream did not start")
 
 
+def parse_counted(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """A counting scenario's arguments, with ``--against``, once valgrind is known to be there."""
+    parser.add_argument(
+        "--against", type=Path, action="append", default=[], help="another checkout, side by side"
+    )
+    args = parser.parse_args(argv)
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise SystemExit(f"{parser.prog}: needs valgrind (and callgrind_control) on PATH")
+    return args
+
+
+def counted_gateway(tree: Path, cfg: Path, scratch: Path) -> tuple[Counted, int]:
+    """``tree``'s gateway serving ``cfg`` under callgrind, instrumentation off, and its port."""
+    port = free_port()
+    argv = [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--host", HOST]
+    argv += ["--port", str(port)]
+    return Counted("gateway", argv, tree, _env(tree), scratch / f"gateway-{abs(hash(str(tree)))}.cg"), port
+
+
 def measure_tree(
     tree: Path, up: Counted, up_port: int, args: argparse.Namespace, scratch: Path
 ) -> dict[str, Any]:
     label = "this tree" if tree == ROOT else str(tree)
     cfg = scratch / f"gateway-{abs(hash(str(tree)))}.yaml"
     cfg.write_text(config(up_port, args.answer, 16, None))
-    port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "gateway",
-        "serve",
-        "--config",
-        str(cfg),
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-    ]
-    gw = Counted("gateway", argv, tree, _env(tree), scratch / f"gateway-{abs(hash(str(tree)))}.cg")
+    gw, port = counted_gateway(tree, cfg, scratch)
     try:
         _wait_healthy(gw, port)
         asyncio.run(conv_ws(port, "relay-chat", args.warmup))
@@ -176,12 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turns", type=int, default=40, help="counted WebSocket turns (default 40)")
     parser.add_argument("--warmup", type=int, default=10, help="uncounted turns first (default 10)")
     parser.add_argument("--answer", type=int, default=8, help="deltas per answer (default 8)")
-    parser.add_argument(
-        "--against", type=Path, action="append", default=[], help="another checkout, side by side"
-    )
-    args = parser.parse_args(argv)
-    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
-        raise SystemExit("instructions: needs valgrind (and callgrind_control) on PATH")
+    args = parse_counted(parser, argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-instructions-") as tmp:
         scratch = Path(tmp)

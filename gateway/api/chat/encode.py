@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 __all__ = ["ChatChunks", "chat_id", "chat_usage", "completion", "finish_reason"]
 
 _TEXT_DELTAS = frozenset({"response.reasoning_summary_text.delta", "response.reasoning.delta"})
@@ -113,13 +115,23 @@ class ChatChunks:
     to send for it, in order. ``include_usage``: every chunk carries ``usage: null`` and a last
     chunk with no choices carries the usage, as ``stream_options.include_usage`` asks."""
 
-    __slots__ = ("_calls", "_failed", "_head", "_include_usage")
+    __slots__ = ("_calls", "_failed", "_head", "_include_usage", "_text")
 
     def __init__(self, *, include_usage: bool = False) -> None:
         self._include_usage = include_usage
         self._head: dict[str, Any] | None = None
         self._calls: dict[int, int] = {}  # output_index of a function call → its tool_calls index
         self._failed = False
+        self._text: tuple[bytes, bytes] | None = None  # a content chunk's frame, around its text
+
+    def frames(self, event: dict[str, Any]) -> bytes:
+        """The ``data:`` frames of what :meth:`feed` returns for ``event`` (empty: nothing to send).
+        A text delta without log probabilities, most of a stream, is written without the dicts: the
+        same bytes orjson makes of its chunk."""
+        text = self._text
+        if text is not None and event["type"] == "response.output_text.delta" and not event.get("logprobs"):
+            return text[0] + orjson.dumps(event["delta"]) + text[1]
+        return b"".join([b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in self.feed(event)])
 
     def _chunk(
         self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None
@@ -170,6 +182,11 @@ class ChatChunks:
                 "service_tier": res.get("service_tier"),
                 "system_fingerprint": None,
             }
+            tail = b'},"finish_reason":null,"logprobs":null}]' + (
+                b',"usage":null' if self._include_usage else b""
+            )
+            head = b"data: " + orjson.dumps(self._head)[:-1] + b',"choices":[{"index":0,"delta":{"content":'
+            self._text = (head, tail + b"}\n\n")
             return [self._chunk({"role": "assistant", "content": "", "refusal": None})]
         if kind in ("response.completed", "response.incomplete"):
             res = event["response"]

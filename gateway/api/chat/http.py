@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
@@ -114,8 +113,9 @@ async def _stream_sse(
 
     async def emit(event: dict[str, Any]) -> None:
         assert writer is not None  # opened() ran first
-        for chunk in chunks.feed(event):
-            await writer.send(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        data = chunks.frames(event)
+        if data:
+            await writer.send(data)
 
     await turn.run(emit, opened=opened)
     assert writer is not None

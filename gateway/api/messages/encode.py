@@ -142,6 +142,16 @@ def message_of(resource: dict[str, Any], finished: Finished) -> dict[str, Any]:
     }
 
 
+def sse(event: dict[str, Any]) -> bytes:
+    """One Messages SSE event: ``event:`` its ``type``, one ``data:`` line."""
+    kind: str = event["type"]
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+_TEXT_DELTA_HEAD = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
+_TEXT_DELTA_MID = b',"delta":{"type":"text_delta","text":'
+
+
 class MessageStream:
     """Feed each spec event of one turn to :meth:`feed`; it returns the Messages events to send."""
 
@@ -174,6 +184,22 @@ class MessageStream:
             return []
         self._thinking = True
         return [self._start({"type": "thinking", "thinking": "", "signature": ""})]
+
+    def frames(self, event: dict[str, Any]) -> bytes:
+        """The SSE frames of what :meth:`feed` returns for ``event`` (empty: nothing to send). A
+        text delta, most of a stream, is written without the dicts: the same bytes orjson makes of
+        its ``content_block_delta``."""
+        if event["type"] == "response.output_text.delta":
+            return b"".join(
+                (
+                    _TEXT_DELTA_HEAD,
+                    str(self._index).encode(),
+                    _TEXT_DELTA_MID,
+                    orjson.dumps(event["delta"]),
+                    b"}}\n\n",
+                )
+            )
+        return b"".join([sse(out) for out in self.feed(event)])
 
     def feed(self, event: dict[str, Any]) -> list[dict[str, Any]]:
         kind = event["type"]

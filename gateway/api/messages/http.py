@@ -86,11 +86,6 @@ async def _send_error(
     await send({"type": "http.response.body", "body": payload})
 
 
-def _frame(event: dict[str, Any]) -> bytes:
-    kind: str = event["type"]
-    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
-
-
 async def create_message(scope: Scope, receive: Receive, send: Send, gw: Gateway) -> None:
     request = Request(scope, receive)
     rlog = RequestLog(request, "http", api=ClientApi.MESSAGES)
@@ -153,8 +148,9 @@ async def _stream(turn: Turn, headers: list[tuple[bytes, bytes]], send: Send, wa
 
     async def emit(event: dict[str, Any]) -> None:
         assert writer is not None  # opened() ran first
-        for out in encoder.feed(event):
-            await writer.send(_frame(out))
+        data = encoder.frames(event)
+        if data:
+            await writer.send(data)
 
     await turn.run(emit, opened=opened)
     assert writer is not None
