@@ -116,6 +116,7 @@ def _client_body(
     if req.stream:
         body["stream"] = True
     body.update(fields)  # type: ignore[typeddict-item]
+    body["model"] = req.model  # the route's, in place of the client's
     return body
 
 

@@ -51,12 +51,16 @@ _SAMPLING: tuple[SamplingKey, ...] = get_args(SamplingKey)
 def build_body(req: UpstreamRequest, *, send_defaults: bool = True) -> ChatRequest:
     """The ``/chat/completions`` request body for ``req`` (streamed, with usage in the stream,
     unless ``req.stream`` is False). A Chat Completions client's request is its own body, as it
-    came (``req.native``), with the route's model and the gateway's streaming."""
+    came (``req.native``), with the route's model and the gateway's streaming in place of the
+    client's."""
     if req.native is not None and req.native.api is ClientApi.CHAT:
-        native = cast(ChatRequest, {"model": req.model, **req.native.fields})
+        native = cast(ChatRequest, {**req.native.fields, "model": req.model})
         if req.stream:
             native["stream"] = True
             native["stream_options"] = {"include_usage": True}
+        else:
+            native.pop("stream", None)
+            native.pop("stream_options", None)
         return native
     body: ChatRequest = {"model": req.model, "messages": build_messages(req)}
     tools, tool_choice = build_tools(req.tools, req.tool_choice)

@@ -5,15 +5,15 @@ one 400 with a ``param`` path. HTTP and the WebSocket both call ``create_request
 from __future__ import annotations
 
 import re
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from gateway.kernel.errors import ErrorCode, InvalidRequest
 from gateway.kernel.items import call_ids
 from gateway.kernel.settings import Limits
-from gateway.kernel.spec.chat import ChatCompletionBody
+from gateway.kernel.spec.chat import CHAT_BODY, ChatCompletionBody
 from gateway.kernel.spec.request import (
     ITEM_TAGS,
     PART_TAGS,
@@ -23,6 +23,7 @@ from gateway.kernel.spec.request import (
 )
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 MAX_MODEL_CHARS = 256
 _MODEL_NAME = re.compile(r"[\x21-\x7e]+")
 _TYPE_WORDS = frozenset({"str", "int", "float", "bool", "none", "dict", "list", "is-instance"})
@@ -87,18 +88,41 @@ def _elements(data: dict[str, Any], items_key: str = "input") -> int:
     return count
 
 
+@overload
 def parse_model(
     model: type[M],
+    data: Any,
+    *,
+    max_elements: int | None = ...,
+    items_key: str = ...,
+    tags: frozenset[str] = ...,
+) -> M: ...
+
+
+@overload
+def parse_model(
+    model: TypeAdapter[T],
+    data: Any,
+    *,
+    max_elements: int | None = ...,
+    items_key: str = ...,
+    tags: frozenset[str] = ...,
+) -> T: ...
+
+
+def parse_model(
+    model: type[BaseModel] | TypeAdapter[Any],
     data: Any,
     *,
     max_elements: int | None = None,
     items_key: str = "input",
     tags: frozenset[str] = ITEM_TAGS | PART_TAGS | TOOL_TAGS,
-) -> M:
-    """``data`` validated strictly as ``model`` (no coercion: ``"stream": "yes"`` is an error, as on
-    OpenAI's API). ``max_elements`` bounds input items + content parts + tools,
-    counted before validation: validating holds the event loop (a few µs an element), so one
-    request of 250,000 tiny items would otherwise stall every other request for about a second.
+) -> Any:
+    """``data`` validated strictly as ``model``, a model or a ``TypeAdapter`` (no coercion:
+    ``"stream": "yes"`` is an error, as on OpenAI's API). ``max_elements`` bounds input items +
+    content parts + tools, counted before validation: validating holds the event loop (a few µs an
+    element), so one request of 250,000 tiny items would otherwise stall every other request for
+    about a second.
     ``items_key``: the field of the items (Chat Completions' ``messages``); ``tags``: the union
     members' tags a ``param`` path leaves out."""
     if not isinstance(data, dict):
@@ -117,6 +141,8 @@ def parse_model(
             code=ErrorCode.TOO_MANY_INPUT_ITEMS,
         )
     try:
+        if isinstance(model, TypeAdapter):  # its validator called straight: no wrapper's keywords
+            return model.validator.validate_python(data, strict=True)
         return model.model_validate(data, strict=True)
     except ValidationError as exc:
         param, msg = _best_error(exc, tags)
@@ -205,6 +231,28 @@ def _depth_over(value: Any, limit: int) -> bool:
     return False
 
 
+def may_nest_over(sent: bytes | None, limit: int) -> bool:
+    """Whether the JSON document ``sent`` may nest more than ``limit`` levels deep, by an upper
+    bound: its opening brackets, counted in C (one inside a string only raises the bound), as each
+    level opens with one of its own. ``None``: the document is not at hand, so it may."""
+    return sent is None or sent.count(b"{") + sent.count(b"[") > limit
+
+
+def may_count_over(sent: bytes | None, limit: int) -> bool:
+    """Whether the JSON document ``sent`` may hold more than ``limit`` elements (items, content
+    parts, tools): each starts at a byte of its own, so not if it is no longer than ``limit``."""
+    return sent is None or len(sent) > limit
+
+
+def deep_key(data: dict[str, Any], limit: int) -> str | None:
+    """The first key of ``data`` whose value nests more than ``limit`` levels deep, if any: for a
+    body whose fields an adapter sends upstream as they came, known or not."""
+    for key, value in data.items():
+        if isinstance(value, dict | list) and _depth_over(value, limit):
+            return key
+    return None
+
+
 def _too_deep(param: str, limit: int) -> InvalidRequest:
     return InvalidRequest(
         f"Invalid value for '{param}': nested more than {limit} levels deep.",
@@ -284,26 +332,31 @@ def _same_call(history: list[dict[str, Any]], item: dict[str, Any]) -> bool:
 _CHAT_TAGS = frozenset({"text", "image_url", "file", "input_audio", "refusal"})
 
 
-def chat_request(data: Any, limits: Limits) -> ChatCompletionBody:
+def chat_request(data: Any, limits: Limits, *, sent: bytes | None = None) -> ChatCompletionBody:
     """A ``POST /v1/chat/completions`` body validated as Open Responses bodies are: the element
-    limit (messages + content parts + tools), the wire model, the nesting of its free-form JSON
+    limit (messages + content parts + tools), the wire shapes, the nesting of its free-form JSON
     (tool parameters, the response format's schema, and any field the engine hands on unread), a
-    model named, and one choice only (``n`` > 1 is refused: the engine makes one answer a turn)."""
+    model named, and one choice only (``n`` > 1 is refused: the engine makes one answer a turn).
+
+    ``sent``: the JSON ``data`` was decoded from, if at hand. Its size and its opening brackets
+    bound what the counts could find (every element and every level of nesting takes a byte of its
+    own), so a body too small to be over a limit is not counted or walked."""
+    limit = limits.max_json_depth
     body = parse_model(
-        ChatCompletionBody,
+        CHAT_BODY,
         data,
-        max_elements=limits.max_input_elements,
+        max_elements=limits.max_input_elements if may_count_over(sent, limits.max_input_elements) else None,
         items_key="messages",
         tags=_CHAT_TAGS,
     )
-    if body.n is not None and body.n > 1:
+    n = body.get("n")
+    if n is not None and n > 1:
         raise InvalidRequest(
             "Invalid value for 'n': this gateway generates one choice per request; send n: 1 or omit it.",
             param="n",
             code=ErrorCode.UNSUPPORTED_PARAMETER,
         )
-    for key, value in data.items():
-        if isinstance(value, dict | list) and _depth_over(value, limits.max_json_depth):
-            raise _too_deep(key, limits.max_json_depth)
-    _check_model(body.model)
+    if may_nest_over(sent, limit) and (key := deep_key(data, limit)) is not None:
+        raise _too_deep(key, limit)
+    _check_model(body.get("model"))
     return body

@@ -40,13 +40,14 @@ def chat_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
-def finish_reason(resource: dict[str, Any]) -> str:
+def finish_reason(resource: dict[str, Any], called: bool | None = None) -> str:
+    """``called``: whether the output holds a function call, if known."""
     if resource.get("status") == "incomplete":
         reason = (resource.get("incomplete_details") or {}).get("reason")
         return "content_filter" if reason == "content_filter" else "length"
-    if any(item.get("type") == "function_call" for item in resource.get("output") or ()):
-        return "tool_calls"
-    return "stop"
+    if called is None:
+        called = any(item.get("type") == "function_call" for item in resource.get("output") or ())
+    return "tool_calls" if called else "stop"
 
 
 def _logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
@@ -91,7 +92,7 @@ def completion(resource: dict[str, Any]) -> dict[str, Any]:
     if reasoning:
         message["reasoning_content"] = "".join(reasoning)
     out: dict[str, Any] = {
-        "id": chat_id(resource["id"]),
+        "id": "chatcmpl-" + resource["id"].removeprefix("resp_"),  # chat_id, inline on the hot path
         "object": "chat.completion",
         "created": resource["created_at"],
         "model": resource["model"],
@@ -99,8 +100,8 @@ def completion(resource: dict[str, Any]) -> dict[str, Any]:
             {
                 "index": 0,
                 "message": message,
-                "finish_reason": finish_reason(resource),
-                "logprobs": _logprobs(logprobs),
+                "finish_reason": finish_reason(resource, bool(calls)),
+                "logprobs": {"content": logprobs, "refusal": None} if logprobs else None,
             }
         ],
         "usage": chat_usage(resource.get("usage")),

@@ -53,16 +53,18 @@ async def _respond(
         rlog.fields["tenant"] = principal.tenant
         rlog.span.set("gateway.api_key.name", principal.key_name)
         limits = gw.settings.limits
-        raw = parse_json(await read_body(request, limits.max_body_bytes))
-        chat = chat_request(raw, limits)
-        rlog.fields["model"] = chat.model
+        sent = await read_body(request, limits.max_body_bytes)
+        raw = parse_json(sent)
+        chat = chat_request(raw, limits, sent=sent)
+        rlog.fields["model"] = chat.get("model")
         body = engine_request(chat)
     except GatewayError as err:
         rlog.refused(metrics, err)
         await error_response(err, headers)(scope, receive, send)
         return
-    streaming = bool(chat.stream)
-    include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
+    streaming = chat.get("stream") is True
+    options = chat.get("stream_options")
+    include_usage = bool(options and options.get("include_usage"))
     async with DisconnectWatch(receive, send) as watch:
         try:
             turn = await gw.prepare(

@@ -10,6 +10,7 @@ can (adapters/*/request.py).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from adapters.base import NativeFields
@@ -17,18 +18,7 @@ from gateway.kernel.client_api import ClientApi
 from gateway.kernel.errors import ErrorCode, InvalidRequest
 from gateway.kernel.ids import new_id
 from gateway.kernel.items import Item, message
-from gateway.kernel.spec.chat import (
-    ChatCompletionBody,
-    ChatFile,
-    ChatFormatJsonObject,
-    ChatFormatJsonSchema,
-    ChatImage,
-    ChatMessage,
-    ChatRefusal,
-    ChatText,
-    ChatToolChoiceAllowed,
-    ChatToolChoiceFunction,
-)
+from gateway.kernel.spec.chat import ChatCompletionBody, ChatFunctionDef, ChatMessage
 from gateway.kernel.spec.request import (
     AllowedToolRef,
     CreateResponseBody,
@@ -45,12 +35,24 @@ from gateway.kernel.spec.trusted import Trusted
 __all__ = ["LOGPROBS", "engine_request", "native_fields"]
 
 LOGPROBS = "message.output_text.logprobs"
-# what the gateway itself decides on its way upstream: the route's model, and streaming
-_NOT_NATIVE = frozenset({"model", "stream", "stream_options"})
 _MAX_USER = 64  # the engine's safety_identifier
+# the keys read before the others (model, stream) or not read (handed on in NativeFields only)
+_DECIDED = frozenset({"model", "stream", "stream_options", "store", "n", "seed", "stop", "logit_bias"})
+# the controls the engine takes as they came, under the same name
+_SAME = frozenset(
+    {
+        "parallel_tool_calls",
+        "temperature",
+        "top_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "prompt_cache_key",
+        "metadata",
+    }
+)
 
 
-# The engine's request, built from the validated wire model's values without validating them again
+# The engine's request, built from the validated wire values without validating them again
 # (gateway/kernel/spec/trusted.py): every value is within the engine model's own bounds.
 _BODY = Trusted(CreateResponseBody, model="m", input="hi", store=False)
 _TOOL = Trusted(FunctionTool, type="function", name="f", parameters={"type": "object"})
@@ -58,98 +60,107 @@ MAKERS = (_BODY, _TOOL)
 
 
 def native_fields(raw: dict[str, Any]) -> NativeFields:
-    """The client's body as it came, but for what the gateway decides (model, streaming)."""
-    return NativeFields(ClientApi.CHAT, {k: v for k, v in raw.items() if k not in _NOT_NATIVE})
+    """The client's body as it came. What the gateway decides (the model, streaming) an adapter
+    of the same API sets in place of the client's (adapters/openai_chat/request.py)."""
+    return NativeFields(ClientApi.CHAT, raw)
 
 
 def engine_request(body: ChatCompletionBody) -> CreateResponseBody:
-    """The engine's request of ``body``: never stored, no chain, no background."""
-    text: TextParam | None = None
-    fmt = body.response_format
-    if isinstance(fmt, ChatFormatJsonSchema):
-        schema = fmt.json_schema
-        text = TextParam(
-            format=TextFormatJsonSchema(
-                type="json_schema",
-                name=schema.name,
-                description=schema.description,
-                schema_=schema.schema_ or {},
-                strict=schema.strict,
-            ),
-            verbosity=body.verbosity,
-        )
-    elif isinstance(fmt, ChatFormatJsonObject):
-        text = TextParam(format=TextFormatJsonObject(type="json_object"), verbosity=body.verbosity)
-    elif body.verbosity is not None:
-        text = TextParam(verbosity=body.verbosity)
-    values: dict[str, Any] = {
-        "model": body.model,
-        "input": _input(body.messages),
-        "stream": bool(body.stream),
-        "store": False,
-    }
-    # The engine's bounds are Chat Completions' but for max_output_tokens, whose floor of 16 is not
-    # this client's error.
-    max_tokens = body.max_completion_tokens or body.max_tokens
-    if max_tokens is not None:
-        values["max_output_tokens"] = max_tokens
-    if text is not None:
-        values["text"] = text
-    if body.tools:
-        values["tools"] = [
-            _TOOL.build(
-                type="function",
-                name=t.function.name,
-                description=t.function.description,
-                parameters=t.function.parameters,
-                strict=t.function.strict,
-            )
-            for t in body.tools
-        ]
-    if body.tool_choice is not None:
-        values["tool_choice"] = _tool_choice(body)
-    if body.logprobs:
-        values["include"] = [LOGPROBS]
-        if body.top_logprobs is not None:
-            values["top_logprobs"] = body.top_logprobs
-    if body.reasoning_effort:
-        values["reasoning"] = ReasoningParam(effort=body.reasoning_effort)
-    if body.parallel_tool_calls is not None:
-        values["parallel_tool_calls"] = body.parallel_tool_calls
-    if body.temperature is not None:
-        values["temperature"] = body.temperature
-    if body.top_p is not None:
-        values["top_p"] = body.top_p
-    if body.presence_penalty is not None:
-        values["presence_penalty"] = body.presence_penalty
-    if body.frequency_penalty is not None:
-        values["frequency_penalty"] = body.frequency_penalty
-    user = body.safety_identifier or (body.user if body.user and len(body.user) <= _MAX_USER else None)
-    if user:
-        values["safety_identifier"] = user
-    if body.prompt_cache_key is not None:
-        values["prompt_cache_key"] = body.prompt_cache_key
-    if body.metadata is not None:
-        values["metadata"] = body.metadata
-    if body.service_tier is not None and body.service_tier != "scale":
-        values["service_tier"] = body.service_tier
+    """The engine's request of ``body``: never stored, no chain, no background. Only the keys the
+    client sent are read; the controls the engine takes as they came are copied in the one pass,
+    the rest mapped after it (``_mapped``)."""
+    values: dict[str, Any] = {"model": body.get("model"), "stream": body.get("stream") is True}
+    values["store"] = False
+    others = False
+    sent: Iterable[tuple[str, Any]] = body.items()
+    for key, value in sent:
+        if key == "messages":
+            values["input"] = _input(value)
+        elif key in _SAME:
+            if value is not None:  # null: as if not sent
+                values[key] = value
+        elif key not in _DECIDED:
+            others = True
+    if others:
+        _mapped(body, values)
     return _BODY.build(**values)
 
 
-def _tool_choice(body: ChatCompletionBody) -> Any:
-    tc = body.tool_choice
-    if tc is None or isinstance(tc, str):
-        return tc
-    if isinstance(tc, ChatToolChoiceFunction):
-        return ToolChoiceFunction(type="function", name=tc.function.name)
-    if isinstance(tc, ChatToolChoiceAllowed):
-        allowed = tc.allowed_tools
-        return ToolChoiceAllowed(
-            type="allowed_tools",
-            tools=[AllowedToolRef(name=t.function.name) for t in allowed.tools],
-            mode=allowed.mode,
+def _mapped(body: ChatCompletionBody, values: dict[str, Any]) -> None:
+    """Into ``values``, the engine's fields of what ``body`` says in other names and shapes."""
+    tools = body.get("tools")
+    if tools:
+        values["tools"] = [_tool(t["function"]) for t in tools]
+    tool_choice = body.get("tool_choice")
+    if tool_choice is not None:
+        values["tool_choice"] = _tool_choice(tool_choice)
+    if body.get("logprobs"):
+        values["include"] = [LOGPROBS]
+        top = body.get("top_logprobs")
+        if top is not None:
+            values["top_logprobs"] = top
+    effort = body.get("reasoning_effort")
+    if effort:
+        values["reasoning"] = ReasoningParam(effort=effort)
+    tier = body.get("service_tier")
+    if tier is not None and tier != "scale":
+        values["service_tier"] = tier
+    # The engine's bounds are Chat Completions' but for max_output_tokens, whose floor of 16 is not
+    # this client's error.
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    if max_tokens is not None:
+        values["max_output_tokens"] = max_tokens
+    user = body.get("safety_identifier") or body.get("user")
+    if user and len(user) <= _MAX_USER:
+        values["safety_identifier"] = user
+    text = _text(body)
+    if text is not None:
+        values["text"] = text
+
+
+def _tool(fn: ChatFunctionDef) -> FunctionTool:
+    return _TOOL.build(
+        type="function",
+        name=fn["name"],
+        description=fn.get("description"),
+        parameters=fn.get("parameters"),
+        strict=fn.get("strict"),
+    )
+
+
+def _text(body: ChatCompletionBody) -> TextParam | None:
+    """The engine's text settings: the response format and the verbosity."""
+    fmt, verbosity = body.get("response_format"), body.get("verbosity")
+    if fmt and fmt["type"] == "json_schema":
+        schema = fmt["json_schema"]
+        return TextParam(
+            format=TextFormatJsonSchema(
+                type="json_schema",
+                name=schema["name"],
+                description=schema.get("description"),
+                schema_=schema.get("schema") or {},
+                strict=schema.get("strict"),
+            ),
+            verbosity=verbosity,
         )
+    if fmt and fmt["type"] == "json_object":
+        return TextParam(format=TextFormatJsonObject(type="json_object"), verbosity=verbosity)
+    if verbosity is not None:
+        return TextParam(verbosity=verbosity)
     return None
+
+
+def _tool_choice(tc: Any) -> Any:
+    if isinstance(tc, str):
+        return tc
+    if tc["type"] == "function":
+        return ToolChoiceFunction(type="function", name=tc["function"]["name"])
+    allowed = tc["allowed_tools"]
+    return ToolChoiceAllowed(
+        type="allowed_tools",
+        tools=[AllowedToolRef(name=t["function"]["name"]) for t in allowed["tools"]],
+        mode=allowed["mode"],
+    )
 
 
 # -- messages -------------------------------------------------------------------------------------
@@ -157,8 +168,9 @@ def _input(messages: list[ChatMessage]) -> str | list[Any]:
     """The input items; one plain user message is its text alone, as a Responses client sends it."""
     if len(messages) == 1:
         only = messages[0]
-        if only.role == "user" and isinstance(only.content, str):
-            return only.content
+        content = only.get("content")
+        if only["role"] == "user" and isinstance(content, str):
+            return content
     return _items(messages)
 
 
@@ -168,7 +180,7 @@ def _items(messages: list[ChatMessage]) -> list[Item]:
     items: list[Item] = []
     for n, msg in enumerate(messages):
         at = f"messages[{n}]"
-        role = msg.role
+        role = msg["role"]
         if role == "function":
             raise InvalidRequest(
                 f"Invalid value for '{at}.role': the deprecated 'function' role is not supported; "
@@ -177,7 +189,8 @@ def _items(messages: list[ChatMessage]) -> list[Item]:
                 code=ErrorCode.UNSUPPORTED_PARAMETER,
             )
         if role == "tool":
-            if not msg.tool_call_id:
+            call_id = msg.get("tool_call_id")
+            if not call_id:
                 raise InvalidRequest(
                     f"Missing required parameter: '{at}.tool_call_id'.",
                     param=f"{at}.tool_call_id",
@@ -188,7 +201,7 @@ def _items(messages: list[ChatMessage]) -> list[Item]:
                 {
                     "type": "function_call_output",
                     "id": new_id("fco"),
-                    "call_id": msg.tool_call_id,
+                    "call_id": call_id,
                     "output": output,
                 }
             )
@@ -207,13 +220,14 @@ def _items(messages: list[ChatMessage]) -> list[Item]:
 
 def _content(msg: ChatMessage, at: str) -> Any:
     """The message's content, which its role requires."""
-    if msg.content is None:
+    content = msg.get("content")
+    if content is None:
         raise InvalidRequest(
             f"Missing required parameter: '{at}.content'.",
             param=f"{at}.content",
             code=ErrorCode.MISSING_REQUIRED_PARAMETER,
         )
-    return msg.content
+    return content
 
 
 def _text_of(msg: ChatMessage, at: str) -> str:
@@ -223,9 +237,9 @@ def _text_of(msg: ChatMessage, at: str) -> str:
         return content
     texts: list[str] = []
     for k, part in enumerate(content):
-        if not isinstance(part, ChatText):
-            raise _part_refused(f"{at}.content[{k}]", part.type, msg.role)
-        texts.append(part.text)
+        if part["type"] != "text":
+            raise _part_refused(f"{at}.content[{k}]", part["type"], msg["role"])
+        texts.append(part["text"])
     return "\n".join(texts)
 
 
@@ -235,57 +249,60 @@ def _user_content(msg: ChatMessage, at: str) -> str | list[Any]:
         return content
     parts: list[Any] = []
     for k, part in enumerate(content):
-        if isinstance(part, ChatText):
-            parts.append({"type": "input_text", "text": part.text})
-        elif isinstance(part, ChatImage):
-            image = part.image_url
-            picture: Item = {"type": "input_image", "image_url": image.url}
-            if image.detail is not None:
-                picture["detail"] = image.detail
+        kind = part["type"]
+        if kind == "text":
+            parts.append({"type": "input_text", "text": part["text"]})
+        elif kind == "image_url":
+            image = part["image_url"]
+            picture: Item = {"type": "input_image", "image_url": image["url"]}
+            detail = image.get("detail")
+            if detail is not None:
+                picture["detail"] = detail
             parts.append(picture)
-        elif isinstance(part, ChatFile):
-            ref = part.file
-            if not ref.file_data and not ref.file_id:
+        elif kind == "file":
+            ref = part["file"]
+            if not ref.get("file_data") and not ref.get("file_id"):
                 raise InvalidRequest(
                     f"Missing required parameter: '{at}.content[{k}].file.file_data'.",
                     param=f"{at}.content[{k}].file.file_data",
                     code=ErrorCode.MISSING_REQUIRED_PARAMETER,
                 )
-            given = (("filename", ref.filename), ("file_data", ref.file_data), ("file_id", ref.file_id))
-            parts.append({"type": "input_file", **{k: v for k, v in given if v is not None}})
+            given = {name: ref.get(name) for name in ("filename", "file_data", "file_id")}
+            parts.append({"type": "input_file", **{name: v for name, v in given.items() if v is not None}})
         else:
-            raise _part_refused(f"{at}.content[{k}]", part.type, "user")
+            raise _part_refused(f"{at}.content[{k}]", kind, "user")
     return parts
 
 
 def _assistant(msg: ChatMessage, at: str) -> list[Any]:
     out: list[Any] = []
     parts: list[Any] = []
-    content = msg.content
+    content = msg.get("content")
     if isinstance(content, str):
         if content:
             parts.append({"type": "output_text", "text": content})
     elif content is not None:
         for k, part in enumerate(content):
-            if isinstance(part, ChatText):
-                parts.append({"type": "output_text", "text": part.text})
-            elif isinstance(part, ChatRefusal):
-                parts.append({"type": "refusal", "refusal": part.refusal})
+            if part["type"] == "text":
+                parts.append({"type": "output_text", "text": part["text"]})
+            elif part["type"] == "refusal":
+                parts.append({"type": "refusal", "refusal": part["refusal"]})
             else:
-                raise _part_refused(f"{at}.content[{k}]", part.type, "assistant")
-    if msg.refusal:
-        parts.append({"type": "refusal", "refusal": msg.refusal})
+                raise _part_refused(f"{at}.content[{k}]", part["type"], "assistant")
+    refusal = msg.get("refusal")
+    if refusal:
+        parts.append({"type": "refusal", "refusal": refusal})
     if parts:
         out.append({"type": "message", "id": new_id("msg"), "role": "assistant", "content": parts})
-    for call in msg.tool_calls or ():
-        fn = call.function
+    for call in msg.get("tool_calls") or ():
+        fn = call["function"]
         out.append(
             {
                 "type": "function_call",
                 "id": new_id("fc"),
-                "call_id": call.id,
-                "name": fn.name,
-                "arguments": fn.arguments,
+                "call_id": call["id"],
+                "name": fn["name"],
+                "arguments": fn["arguments"],
             }
         )
     if not out:  # an empty turn, as clients replay one: kept, so the roles still alternate

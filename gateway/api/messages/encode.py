@@ -78,15 +78,16 @@ def usage_of(resource: dict[str, Any], finished: Finished) -> dict[str, int]:
     }
 
 
-def stop_reason(resource: dict[str, Any], finished: Finished) -> str:
+def stop_reason(resource: dict[str, Any], finished: Finished, called: bool | None = None) -> str:
+    """``called``: whether the output holds a function call, if known."""
     if resource.get("status") == "incomplete":
         reason = (resource.get("incomplete_details") or {}).get("reason")
         return "refusal" if reason == "content_filter" else "max_tokens"
     if finished.stop_sequence is not None:
         return "stop_sequence"
-    if any(item.get("type") == "function_call" for item in resource.get("output") or ()):
-        return "tool_use"
-    return "end_turn"
+    if called is None:
+        called = any(item.get("type") == "function_call" for item in resource.get("output") or ())
+    return "tool_use" if called else "end_turn"
 
 
 def _tool_input(arguments: str) -> Any:
@@ -130,13 +131,15 @@ def content_of(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def message_of(resource: dict[str, Any], finished: Finished) -> dict[str, Any]:
     """The ``Message`` object of a finished turn (``resource``: its final ResponseResource)."""
+    content = content_of(resource.get("output") or [])
+    lone_text = len(content) == 1 and content[0]["type"] == "text"  # the common answer: no call in it
     return {
-        "id": message_id(resource),
+        "id": "msg_" + resource["id"].removeprefix("resp_"),  # message_id, inline on the hot path
         "type": "message",
         "role": "assistant",
         "model": resource["model"],
-        "content": content_of(resource.get("output") or []),
-        "stop_reason": stop_reason(resource, finished),
+        "content": content,
+        "stop_reason": stop_reason(resource, finished, False if lone_text else None),
         "stop_sequence": finished.stop_sequence,
         "usage": usage_of(resource, finished),
     }

@@ -98,9 +98,10 @@ async def _respond(request: Request, gw: Gateway, rlog: RequestLog, receive: Rec
     try:
         sent = _ClientHeaders(request.scope)
         principal = _authenticate(sent, gw, rlog)
-        raw = parse_json(await read_body(request, gw.settings.limits.max_body_bytes))
-        parsed = parse_messages(raw, gw.settings.limits)
-        rlog.fields["model"] = parsed.model
+        body_bytes = await read_body(request, gw.settings.limits.max_body_bytes)
+        raw = parse_json(body_bytes)
+        parsed = parse_messages(raw, gw.settings.limits, sent=body_bytes)
+        rlog.fields["model"] = parsed["model"]
         body, native = engine_request(parsed, raw, sent.beta)
     except GatewayError as err:
         rlog.refused(metrics, err)
@@ -177,12 +178,14 @@ async def count_tokens(scope: Scope, receive: Receive, send: Send, gw: Gateway) 
         principal = _authenticate(_ClientHeaders(request.scope), gw, rlog)
         raw = parse_json(await read_body(request, gw.settings.limits.max_body_bytes))
         body = parse_count(raw, gw.settings.limits)
-        rlog.fields["model"] = body.model
-        gw.route(body.model, principal)  # an unknown or disallowed model is refused as on /v1/messages
-        tokens = estimate([normalize(item) for item in input_items(body.messages)])
-        tokens += estimate_text(system_text(body.system))
-        if body.tools:
-            tokens += estimate_bytes(orjson.dumps([t.model_dump(exclude_none=True) for t in body.tools]))
+        rlog.fields["model"] = body["model"]
+        gw.route(body["model"], principal)  # an unknown or disallowed model is refused as on /v1/messages
+        tokens = estimate([normalize(item) for item in input_items(body["messages"])])
+        tokens += estimate_text(system_text(body.get("system")))
+        tools = body.get("tools")
+        if tools:
+            sent_tools = [{k: v for k, v in t.items() if v is not None} for t in tools]
+            tokens += estimate_bytes(orjson.dumps(sent_tools))
     except GatewayError as err:
         rlog.refused(metrics, err)
         await _send_error(err, rlog, send)

@@ -1,87 +1,104 @@
-"""Wire models of an Anthropic Messages request (``POST /v1/messages``, ``/v1/messages/count_tokens``).
+"""Wire shapes of an Anthropic Messages request (``POST /v1/messages``, ``/v1/messages/count_tokens``).
 
-Pydantic at the edge, strict like the rest of the gateway's requests: a wrong type is a 400 whose
-message names the field the way Anthropic's API does (``messages.0.content.1.source: ...``). Unknown
-top-level fields are kept (``extra="allow"``): an anthropic upstream gets them back unchanged.
+``TypedDict`` s validated strictly by one ``TypeAdapter`` each (:data:`MESSAGES_BODY`,
+:data:`COUNT_BODY`), like the rest of the gateway's requests: a wrong type is a 400 whose message
+names the field the way Anthropic's API does (``messages.0.content.1.source: ...``). A validated
+request is the client's JSON as plain dicts with the known keys only (half what models of the same
+fields cost to validate); a key left out is absent. The client's body itself, unknown fields and
+all, is what an anthropic upstream gets (``adapters.base.NativeFields``).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Required
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import ConfigDict, Field, StringConstraints, TypeAdapter, with_config
+from typing_extensions import TypedDict  # pydantic needs this one before Python 3.12
 
 from gateway.kernel.spec.request import MAX_TEXT, TOOL_NAME
 
 _Text = Annotated[str, StringConstraints(max_length=MAX_TEXT)]
 _Id = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+_WIRE = ConfigDict(extra="ignore")
 
 
-class _Block(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    cache_control: dict[str, Any] | None = None
+@with_config(_WIRE)
+class TextBlock(TypedDict, total=False):
+    type: Required[Literal["text"]]
+    text: Required[_Text]
+    citations: list[dict[str, Any]] | None
+    cache_control: dict[str, Any] | None
 
 
-class TextBlock(_Block):
-    type: Literal["text"]
-    text: _Text
-    citations: list[dict[str, Any]] | None = None
-
-
-class Base64Source(BaseModel):
+@with_config(_WIRE)
+class Base64Source(TypedDict):
     type: Literal["base64"]
     media_type: str
     data: str
 
 
-class UrlSource(BaseModel):
+@with_config(_WIRE)
+class UrlSource(TypedDict):
     type: Literal["url"]
     url: str
 
 
-class TextSource(BaseModel):
-    type: Literal["text"]
-    media_type: str = "text/plain"
-    data: _Text
+@with_config(_WIRE)
+class TextSource(TypedDict, total=False):
+    type: Required[Literal["text"]]
+    media_type: str
+    data: Required[_Text]
 
 
-class ImageBlock(_Block):
-    type: Literal["image"]
-    source: Annotated[Base64Source | UrlSource, Field(discriminator="type")]
+@with_config(_WIRE)
+class ImageBlock(TypedDict, total=False):
+    type: Required[Literal["image"]]
+    source: Required[Annotated[Base64Source | UrlSource, Field(discriminator="type")]]
+    cache_control: dict[str, Any] | None
 
 
-class DocumentBlock(_Block):
-    type: Literal["document"]
-    source: Annotated[Base64Source | UrlSource | TextSource, Field(discriminator="type")]
-    title: str | None = None
+@with_config(_WIRE)
+class DocumentBlock(TypedDict, total=False):
+    type: Required[Literal["document"]]
+    source: Required[Annotated[Base64Source | UrlSource | TextSource, Field(discriminator="type")]]
+    title: str | None
+    cache_control: dict[str, Any] | None
 
 
-class ToolUseBlock(_Block):
-    type: Literal["tool_use"]
-    id: _Id
-    name: TOOL_NAME
-    input: dict[str, Any]
+@with_config(_WIRE)
+class ToolUseBlock(TypedDict, total=False):
+    type: Required[Literal["tool_use"]]
+    id: Required[_Id]
+    name: Required[TOOL_NAME]
+    input: Required[dict[str, Any]]
+    cache_control: dict[str, Any] | None
 
 
 ResultPart = Annotated[TextBlock | ImageBlock | DocumentBlock, Field(discriminator="type")]
 
 
-class ToolResultBlock(_Block):
-    type: Literal["tool_result"]
-    tool_use_id: _Id
-    content: _Text | list[ResultPart] | None = None
-    is_error: bool | None = None
+@with_config(_WIRE)
+class ToolResultBlock(TypedDict, total=False):
+    type: Required[Literal["tool_result"]]
+    tool_use_id: Required[_Id]
+    content: _Text | list[ResultPart] | None
+    is_error: bool | None
+    cache_control: dict[str, Any] | None
 
 
-class ThinkingBlock(_Block):
-    type: Literal["thinking"]
-    thinking: _Text
-    signature: str
+@with_config(_WIRE)
+class ThinkingBlock(TypedDict, total=False):
+    type: Required[Literal["thinking"]]
+    thinking: Required[_Text]
+    signature: Required[str]
+    cache_control: dict[str, Any] | None
 
 
-class RedactedThinkingBlock(_Block):
-    type: Literal["redacted_thinking"]
-    data: str
+@with_config(_WIRE)
+class RedactedThinkingBlock(TypedDict, total=False):
+    type: Required[Literal["redacted_thinking"]]
+    data: Required[str]
+    cache_control: dict[str, Any] | None
 
 
 Block = Annotated[
@@ -99,62 +116,67 @@ BLOCK_TAGS = frozenset(
 )
 
 
-class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+@with_config(_WIRE)
+class Message(TypedDict):
     role: Literal["user", "assistant"]
     content: _Text | list[Block]
 
 
-class Tool(BaseModel):
+@with_config(_WIRE)
+class Tool(TypedDict, total=False):
     """A client tool (``type`` omitted or ``custom``); server tools are refused by name."""
 
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["custom"] | None = None
-    name: TOOL_NAME
-    description: str | None = None
-    input_schema: dict[str, Any]
-    cache_control: dict[str, Any] | None = None
+    type: Literal["custom"] | None
+    name: Required[TOOL_NAME]
+    description: str | None
+    input_schema: Required[dict[str, Any]]
+    cache_control: dict[str, Any] | None
 
 
-class ToolChoice(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["auto", "any", "tool", "none"]
-    name: TOOL_NAME | None = None
-    disable_parallel_tool_use: bool | None = None
+@with_config(_WIRE)
+class ToolChoice(TypedDict, total=False):
+    type: Required[Literal["auto", "any", "tool", "none"]]
+    name: TOOL_NAME | None
+    disable_parallel_tool_use: bool | None
 
 
-class Thinking(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["enabled", "disabled", "adaptive"]
-    budget_tokens: int | None = Field(default=None, ge=1024)
-    display: Literal["summarized", "omitted"] | None = None
+@with_config(_WIRE)
+class Thinking(TypedDict, total=False):
+    type: Required[Literal["enabled", "disabled", "adaptive"]]
+    budget_tokens: Annotated[int, Field(ge=1024)] | None
+    display: Literal["summarized", "omitted"] | None
 
 
-class Metadata(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    user_id: Annotated[str, StringConstraints(max_length=256)] | None = None
+@with_config(_WIRE)
+class Metadata(TypedDict, total=False):
+    user_id: Annotated[str, StringConstraints(max_length=256)] | None
 
 
-class CountTokensBody(BaseModel):
+@with_config(_WIRE)
+class CountTokensBody(TypedDict, total=False):
     """``POST /v1/messages/count_tokens``: a Messages request without ``max_tokens``."""
 
-    model_config = ConfigDict(extra="allow")
-    model: str
-    messages: Annotated[list[Message], Field(min_length=1)]
-    system: _Text | list[TextBlock] | None = None
-    tools: list[Tool] | None = None
-    tool_choice: ToolChoice | None = None
-    thinking: Thinking | None = None
+    model: Required[str]
+    messages: Required[Annotated[list[Message], Field(min_length=1)]]
+    system: _Text | list[TextBlock] | None
+    tools: list[Tool] | None
+    tool_choice: ToolChoice | None
+    thinking: Thinking | None
 
 
-class MessagesBody(CountTokensBody):
-    max_tokens: int = Field(ge=1)
+@with_config(_WIRE)
+class MessagesBody(CountTokensBody, total=False):
+    max_tokens: Required[Annotated[int, Field(ge=1)]]
     stop_sequences: (
         Annotated[list[Annotated[str, StringConstraints(min_length=1)]], Field(max_length=8192)] | None
-    ) = None
-    stream: bool | None = None
-    temperature: float | None = Field(default=None, ge=0, le=1)
-    top_p: float | None = Field(default=None, ge=0, le=1)
-    top_k: int | None = Field(default=None, ge=0)
-    metadata: Metadata | None = None
-    service_tier: Literal["auto", "standard_only"] | None = None
+    )
+    stream: bool | None
+    temperature: Annotated[float, Field(ge=0, le=1)] | None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None
+    top_k: Annotated[int, Field(ge=0)] | None
+    metadata: Metadata | None
+    service_tier: Literal["auto", "standard_only"] | None
+
+
+MESSAGES_BODY: TypeAdapter[MessagesBody] = TypeAdapter(MessagesBody)
+COUNT_BODY: TypeAdapter[CountTokensBody] = TypeAdapter(CountTokensBody)

@@ -35,6 +35,7 @@ SETTINGS: dict[str, Any] = {
     },
     "limits": {"max_body_bytes": 4096, "max_input_elements": 12, "max_json_depth": 8},
 }
+DEEP_7: Any = [[[[[[[]]]]]]]  # 7 levels: 11 within a message's block (messages → message → content → block)
 OK: dict[str, Any] = {"model": "mock", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -101,6 +102,12 @@ def error_of(resp: httpx.Response, status: int, kind: str) -> str:
                 ],
             },
             "tools.0.input_schema: nested more than 8 levels deep",
+        ),
+        # fields the wire model does not read go upstream as sent: walked as well
+        ({**OK, "x_vendor": [[[[[[[[[]]]]]]]]]}, "x_vendor: nested more than 8 levels deep"),
+        (
+            {**OK, "messages": [{"role": "user", "content": [{"type": "text", "text": "x", "x": DEEP_7}]}]},
+            "messages: nested more than 8 levels deep",
         ),
         ({**OK, "messages": [{"role": "user", "content": "x"}] * 13}, "messages: the request has 13"),
         ([1, 2], "The request body must be a JSON object."),
