@@ -11,6 +11,7 @@ requests sent straight to it are the direct baseline.
 
     python -m bench ingress                  # this tree, about 2 minutes
     python -m bench ingress --against /old   # and another checkout, side by side
+    python -m bench ingress --stream         # SSE of 16 chunks instead: instructions per stream
 
 Needs ``valgrind`` on PATH. Writes ``bench/results/ingress-<UTC time>.json``.
 """
@@ -35,24 +36,33 @@ from bench.scenarios.instructions import (
     counted_gateway,
     parse_counted,
 )
-from bench.scenarios.run import GATEWAY_MODELS, PROMPT, direct_native, gw_body
+from bench.scenarios.run import GATEWAY_MODELS, PROMPT, SHORT_CHUNKS, direct_native, gw_body
 
-# name → (the route it is compared with, path, body)
-TARGETS: dict[str, tuple[str, str, dict[str, Any]]] = {
-    "responses→anthropic": ("", "/v1/responses", gw_body("adapter-anthropic", False)),
-    "messages→anthropic": (
-        "responses→anthropic",
-        "/v1/messages",
-        {**direct_native("anthropic", False)[1], "model": "adapter-anthropic"},
-    ),
-    "responses→openai-chat": ("", "/v1/responses", gw_body("adapter-openai-chat", False)),
-    "chat→openai-chat": (
-        "responses→openai-chat",
-        "/v1/chat/completions",
-        {"model": "adapter-openai-chat", "messages": [{"role": "user", "content": PROMPT}]},
-    ),
-}
-_DIRECT = {"anthropic": direct_native("anthropic", False), "openai-chat": direct_native("openai-chat", False)}
+
+def targets(stream: bool) -> dict[str, tuple[str, str, dict[str, Any]]]:
+    """name → (the route it is compared with, path, body): JSON, or SSE of ``SHORT_CHUNKS`` chunks."""
+    tail = "-sse" if stream else ""
+    on = {"stream": True} if stream else {}
+    return {
+        "responses→anthropic": ("", "/v1/responses", gw_body(f"adapter-anthropic{tail}", stream)),
+        "messages→anthropic": (
+            "responses→anthropic",
+            "/v1/messages",
+            {**direct_native("anthropic", False)[1], "model": f"adapter-anthropic{tail}", **on},
+        ),
+        "responses→openai-chat": ("", "/v1/responses", gw_body(f"adapter-openai-chat{tail}", stream)),
+        "chat→openai-chat": (
+            "responses→openai-chat",
+            "/v1/chat/completions",
+            {"model": f"adapter-openai-chat{tail}", "messages": [{"role": "user", "content": PROMPT}], **on},
+        ),
+    }
+
+
+def _direct(stream: bool) -> dict[str, tuple[str, dict[str, Any]]]:
+    return {kind: direct_native(kind, stream) for kind in ("anthropic", "openai-chat")}
+
+
 _HEADERS = {"content-type": "application/json", "authorization": "Bearer sk-bench"}
 
 
@@ -75,7 +85,7 @@ def measure_tree(
     try:
         _wait_healthy(gw, port)
         conn = http.client.HTTPConnection(HOST, port, timeout=120)
-        for name, (_, path, body) in TARGETS.items():
+        for name, (_, path, body) in targets(args.stream).items():
             payload = orjson.dumps(body)
             _send(conn, path, payload, args.warmup)
             gw.start()
@@ -89,7 +99,7 @@ def measure_tree(
 def measure_direct(up: Counted, up_port: int, args: argparse.Namespace) -> dict[str, float]:
     conn = http.client.HTTPConnection(HOST, up_port, timeout=120)
     out: dict[str, float] = {}
-    for kind, (path, body) in _DIRECT.items():
+    for kind, (path, body) in _direct(args.stream).items():
         payload = orjson.dumps(body)
         _send(conn, path, payload, args.warmup)
         up.start()
@@ -102,6 +112,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench ingress", description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=100, help="counted requests per target (100)")
     parser.add_argument("--warmup", type=int, default=30, help="uncounted requests first (30)")
+    parser.add_argument(
+        "--stream", action="store_true", help=f"SSE requests of {SHORT_CHUNKS} chunks instead of JSON"
+    )
     args = parse_counted(parser, argv)
     with tempfile.TemporaryDirectory(prefix="bench-ingress-") as tmp:
         scratch = Path(tmp)
@@ -111,19 +124,19 @@ def main(argv: list[str] | None = None) -> None:
             rows = [measure_tree(tree, up, up_port, args, scratch) for tree in [ROOT, *args.against]]
         finally:
             up.stop()
-    print(
-        f"direct upstream, instructions per request: {', '.join(f'{k} {v:,.0f}' for k, v in direct.items())}"
-    )
+    unit = "stream" if args.stream else "request"
+    figures = ", ".join(f"{k} {v:,.0f}" for k, v in direct.items())
+    print(f"direct upstream, instructions per {unit}: {figures}")
     for row in rows:
         print(f"\n{row['tree']} ({row['commit']})")
-        print(f"  {'target':<24} {'gateway Ir/request':>19} {'× its Responses route':>22}")
-        for name, (base, _, _) in TARGETS.items():
+        print(f"  {'target':<24} {'gateway Ir/' + unit:>19} {'× its Responses route':>22}")
+        for name, (base, _, _) in targets(args.stream).items():
             ir = row["ir"][name]
             ratio = f"{ir / row['ir'][base]:.3f}" if base else ""
             print(f"  {name:<24} {ir:>19,.0f} {ratio:>22}")
     RESULTS.mkdir(exist_ok=True)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = RESULTS / f"ingress-{stamp}.json"
+    out = RESULTS / f"ingress-{'sse-' if args.stream else ''}{stamp}.json"
     meta = vars(args) | {"against": [str(p) for p in args.against]}
     out.write_bytes(orjson.dumps({"args": meta, "direct": direct, "rows": rows}))
     print(f"wrote {out}")
