@@ -22,12 +22,17 @@ _Id = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 _WIRE = ConfigDict(extra="ignore")
 
 
+class _Block(TypedDict, total=False):
+    """What every content block may carry."""
+
+    cache_control: dict[str, Any] | None
+
+
 @with_config(_WIRE)
-class TextBlock(TypedDict, total=False):
+class TextBlock(_Block, total=False):
     type: Required[Literal["text"]]
     text: Required[_Text]
     citations: list[dict[str, Any]] | None
-    cache_control: dict[str, Any] | None
 
 
 @with_config(_WIRE)
@@ -51,54 +56,48 @@ class TextSource(TypedDict, total=False):
 
 
 @with_config(_WIRE)
-class ImageBlock(TypedDict, total=False):
+class ImageBlock(_Block, total=False):
     type: Required[Literal["image"]]
     source: Required[Annotated[Base64Source | UrlSource, Field(discriminator="type")]]
-    cache_control: dict[str, Any] | None
 
 
 @with_config(_WIRE)
-class DocumentBlock(TypedDict, total=False):
+class DocumentBlock(_Block, total=False):
     type: Required[Literal["document"]]
     source: Required[Annotated[Base64Source | UrlSource | TextSource, Field(discriminator="type")]]
     title: str | None
-    cache_control: dict[str, Any] | None
 
 
 @with_config(_WIRE)
-class ToolUseBlock(TypedDict, total=False):
+class ToolUseBlock(_Block, total=False):
     type: Required[Literal["tool_use"]]
     id: Required[_Id]
     name: Required[TOOL_NAME]
     input: Required[dict[str, Any]]
-    cache_control: dict[str, Any] | None
 
 
 ResultPart = Annotated[TextBlock | ImageBlock | DocumentBlock, Field(discriminator="type")]
 
 
 @with_config(_WIRE)
-class ToolResultBlock(TypedDict, total=False):
+class ToolResultBlock(_Block, total=False):
     type: Required[Literal["tool_result"]]
     tool_use_id: Required[_Id]
     content: _Text | list[ResultPart] | None
     is_error: bool | None
-    cache_control: dict[str, Any] | None
 
 
 @with_config(_WIRE)
-class ThinkingBlock(TypedDict, total=False):
+class ThinkingBlock(_Block, total=False):
     type: Required[Literal["thinking"]]
     thinking: Required[_Text]
     signature: Required[str]
-    cache_control: dict[str, Any] | None
 
 
 @with_config(_WIRE)
-class RedactedThinkingBlock(TypedDict, total=False):
+class RedactedThinkingBlock(_Block, total=False):
     type: Required[Literal["redacted_thinking"]]
     data: Required[str]
-    cache_control: dict[str, Any] | None
 
 
 Block = Annotated[
@@ -130,7 +129,6 @@ class Tool(TypedDict, total=False):
     name: Required[TOOL_NAME]
     description: str | None
     input_schema: Required[dict[str, Any]]
-    cache_control: dict[str, Any] | None
 
 
 @with_config(_WIRE)
