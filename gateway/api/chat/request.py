@@ -69,8 +69,11 @@ def engine_request(body: ChatCompletionBody) -> CreateResponseBody:
     """The engine's request of ``body``: never stored, no chain, no background. Only the keys the
     client sent are read; the controls the engine takes as they came are copied in the one pass,
     the rest mapped after it (``_mapped``)."""
-    values: dict[str, Any] = {"model": body.get("model"), "stream": body.get("stream") is True}
-    values["store"] = False
+    values: dict[str, Any] = {
+        "model": body.get("model"),
+        "stream": body.get("stream") is True,
+        "store": False,
+    }
     others = False
     sent: Iterable[tuple[str, Any]] = body.items()
     for key, value in sent:
